@@ -1,0 +1,87 @@
+"""Where the daemon lives on disk, and the environment variables that carry settings.
+
+The runtime directory holds the socket, the lock, the event log and the daemon's
+persisted state. It is private to its user (mode 0700).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import UsageError
+
+ENV_RUNTIME_DIR = "GPREEMPT_RUNTIME_DIR"
+#: Set by ``gpreempt run`` in the child's environment.
+ENV_TASK_ID = "GPREEMPT_TASK_ID"
+ENV_PRIORITY = "GPREEMPT_PRIORITY"
+ENV_AUTO_ACTIVITY = "GPREEMPT_AUTO_ACTIVITY"
+ENV_GRACE_MS = "GPREEMPT_IDLE_GRACE_MS"
+ENV_GATE = "GPREEMPT_GATE"
+
+SOCKET_NAME = "gpreempt.sock"
+LOCK_NAME = "daemon.lock"
+EVENTS_NAME = "events.jsonl"
+STATE_NAME = "suspended.json"
+DAEMON_LOG_NAME = "daemon.log"
+
+DEFAULT_IDLE_GRACE_MS = 2.0
+
+
+def default_runtime_dir() -> Path:
+    """``$GPREEMPT_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/gpreempt``, else ``/tmp/gpreempt-<uid>``."""
+    explicit = os.environ.get(ENV_RUNTIME_DIR)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "gpreempt"
+    return Path(f"/tmp/gpreempt-{os.getuid()}")
+
+
+def resolve_runtime_dir(value: str | os.PathLike[str] | None) -> Path:
+    """The runtime directory to use: the one given, else the default."""
+    return Path(value) if value else default_runtime_dir()
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` with mode 0700 if needed and check that only its owner can use it.
+
+    Refuses a directory owned by someone else or open to others, since the socket in it
+    is what keeps other users from suspending our processes.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create runtime directory {path}: {exc.strerror}; "
+            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
+        ) from None
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise UsageError(
+            f"runtime directory {path} belongs to uid {info.st_uid}, not to you; "
+            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
+        )
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"runtime directory {path} is not writable; "
+            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
+        )
+    return path
+
+
+def idle_grace_ms() -> float:
+    """Grace after GPU work completes before a task counts as idle (``$GPREEMPT_IDLE_GRACE_MS``)."""
+    raw = os.environ.get(ENV_GRACE_MS)
+    if not raw:
+        return DEFAULT_IDLE_GRACE_MS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"${ENV_GRACE_MS}={raw!r} is not a number of milliseconds") from None
+    if value < 0:
+        raise UsageError(f"${ENV_GRACE_MS} must be >= 0, got {value}")
+    return value

@@ -1,0 +1,151 @@
+"""The control block: a few words of shared memory between a client process and the daemon.
+
+This is the hot path. The in-process gate reads ``gate_closed`` before every launch with a
+plain memory load: no syscall, no socket, no lock. The client publishes its activity in
+``requests`` and ``auto_active`` and rings the doorbell (an eventfd) only when that changes,
+which happens per request, not per launch.
+
+The block lives in a memfd the client creates and hands to the daemon over the socket, so no
+file in a shared directory can be swapped or read by anyone else.
+
+Layout (little endian, 64 bytes):
+
+======  =====  ==================================================================
+offset  type   meaning
+======  =====  ==================================================================
+0       u32    gate_closed: nonzero = launch nothing (written by the daemon)
+4       u32    generation: bumped by the daemon on every gate change
+8       u32    requests: open ``request()`` scopes in the process (client)
+12      u32    auto_active: 1 while auto-detected GPU work is in flight (client)
+16      u64    launches seen by the gate (client, statistics)
+24      u64    waits: times the gate blocked a launch (client, statistics)
+32      u64    wait_ns: total nanoseconds blocked (client, statistics)
+40      u32    window: in-flight bound the gate uses (client, statistics)
+44      u32    gate_installed: 1 once an in-process gate watches launches (client)
+======  =====  ==================================================================
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+SIZE = 64
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+OFF_GATE_CLOSED = 0
+OFF_GENERATION = 4
+OFF_REQUESTS = 8
+OFF_AUTO_ACTIVE = 12
+OFF_LAUNCHES = 16
+OFF_WAITS = 24
+OFF_WAIT_NS = 32
+OFF_WINDOW = 40
+OFF_GATE_INSTALLED = 44
+
+
+@dataclass(frozen=True)
+class ControlStats:
+    """The client's counters, as read by the daemon."""
+
+    requests: int
+    auto_active: bool
+    launches: int
+    waits: int
+    wait_seconds: float
+    window: int
+    gate_installed: bool
+
+
+class ControlBlock:
+    """A mapped control block plus its doorbell."""
+
+    def __init__(self, memfd: int, doorbell: int) -> None:
+        self.memfd = memfd
+        self.doorbell = doorbell
+        self._map = mmap.mmap(memfd, SIZE)
+
+    @classmethod
+    def create(cls) -> ControlBlock:
+        """A fresh, zeroed block owned by this process."""
+        memfd = os.memfd_create("gpreempt-control", os.MFD_CLOEXEC)
+        os.ftruncate(memfd, SIZE)
+        doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        return cls(memfd, doorbell)
+
+    @property
+    def address(self) -> int:
+        """Address of the mapping in this process, for native code that reads it directly."""
+        import ctypes
+
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
+    def _get32(self, offset: int) -> int:
+        return _U32.unpack_from(self._map, offset)[0]
+
+    def _set32(self, offset: int, value: int) -> None:
+        _U32.pack_into(self._map, offset, value)
+
+    # daemon side
+    def set_gate(self, closed: bool) -> None:
+        """Close or open the gate (daemon)."""
+        self._set32(OFF_GATE_CLOSED, 1 if closed else 0)
+        self._set32(OFF_GENERATION, (self._get32(OFF_GENERATION) + 1) & 0xFFFFFFFF)
+
+    def is_active(self) -> bool:
+        """Whether the client says it wants the GPU (daemon)."""
+        return self._get32(OFF_REQUESTS) > 0 or self._get32(OFF_AUTO_ACTIVE) != 0
+
+    def drain_doorbell(self) -> None:
+        """Reset the doorbell after it rang (daemon)."""
+        try:
+            os.eventfd_read(self.doorbell)
+        except BlockingIOError:
+            pass
+
+    def stats(self) -> ControlStats:
+        return ControlStats(
+            requests=self._get32(OFF_REQUESTS),
+            auto_active=self._get32(OFF_AUTO_ACTIVE) != 0,
+            launches=_U64.unpack_from(self._map, OFF_LAUNCHES)[0],
+            waits=_U64.unpack_from(self._map, OFF_WAITS)[0],
+            wait_seconds=_U64.unpack_from(self._map, OFF_WAIT_NS)[0] / 1e9,
+            window=self._get32(OFF_WINDOW),
+            gate_installed=self._get32(OFF_GATE_INSTALLED) != 0,
+        )
+
+    # client side
+    @property
+    def gate_closed(self) -> bool:
+        return self._get32(OFF_GATE_CLOSED) != 0
+
+    def set_requests(self, count: int) -> None:
+        """Publish the number of open request() scopes and ring the doorbell (client)."""
+        self._set32(OFF_REQUESTS, count)
+        self.ring()
+
+    def set_auto_active(self, active: bool) -> None:
+        """Publish auto-detected activity and ring the doorbell (client)."""
+        self._set32(OFF_AUTO_ACTIVE, 1 if active else 0)
+        self.ring()
+
+    def ring(self) -> None:
+        try:
+            os.eventfd_write(self.doorbell, 1)
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except (BufferError, ValueError):
+            pass  # native code still holds a view; the mapping dies with the process
+        for fd in (self.memfd, self.doorbell):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,102 @@
+"""Preemption mechanisms behind one interface (:class:`Mechanism`).
+
+=========  ==============================================================  ===============
+name       how                                                             works on
+=========  ==============================================================  ===============
+gate       the task's own launch gate stops submitting; bounded in-flight  PyTorch, any GPU
+           work drains
+lock       driver checkpoint lock: no more CUDA calls, in-flight drained    NVIDIA, r570+
+signal     SIGSTOP/SIGCONT of the task's process group                      everything
+auto       gate where installed, else lock where the driver can, else      everything
+           signal; chosen at each suspension
+=========  ==============================================================  ===============
+"""
+
+from __future__ import annotations
+
+from ..errors import MechanismUnavailable, UsageError
+from .base import Mechanism, Target
+from .driver_lock import DriverLockMechanism
+from .gate import GateMechanism
+from .signal import SignalMechanism
+
+NAMES = ("auto", "gate", "lock", "signal")
+
+
+class AutoMechanism(Mechanism):
+    """Picks, at each suspension, the most precise mechanism that works for the task now."""
+
+    name = "auto"
+
+    def __init__(self, concrete: dict[str, Mechanism]) -> None:
+        self._concrete = concrete
+
+    def choose(self, target: Target) -> Mechanism:
+        for name in ("gate", "lock"):
+            mechanism = self._concrete.get(name)
+            if mechanism is None:
+                continue
+            try:
+                mechanism.check(target)
+            except MechanismUnavailable:
+                continue
+            return mechanism
+        return self._concrete["signal"]
+
+    def check(self, target: Target) -> None:
+        self._concrete["signal"].check(target)
+
+    def suspend(self, target: Target) -> str:
+        return self.choose(target).suspend(target)
+
+    def resume(self, target: Target) -> str:
+        raise NotImplementedError("resume with the mechanism that suspended the task")
+
+
+class MechanismSet:
+    """The daemon's mechanisms, built once; ``lock`` only where the driver offers it."""
+
+    def __init__(self, lock_timeout_ms: int | None = None) -> None:
+        self.concrete: dict[str, Mechanism] = {
+            "signal": SignalMechanism(),
+            "gate": GateMechanism(),
+        }
+        lock = DriverLockMechanism() if lock_timeout_ms is None else DriverLockMechanism(
+            lock_timeout_ms
+        )
+        try:
+            lock.driver  # noqa: B018 - loads libcuda and checks the API
+        except MechanismUnavailable as exc:
+            self.lock_unavailable: str | None = str(exc)
+        else:
+            self.lock_unavailable = None
+            self.concrete["lock"] = lock
+        self.auto = AutoMechanism(self.concrete)
+
+    def get(self, name: str) -> Mechanism:
+        """The mechanism called ``name``; explains why when it cannot exist here."""
+        if name == "auto":
+            return self.auto
+        if name == "lock" and self.lock_unavailable:
+            raise MechanismUnavailable(
+                f"mechanism 'lock' is not available on this machine: {self.lock_unavailable}. "
+                "Use --mechanism signal (or auto, which falls back to signal)."
+            )
+        try:
+            return self.concrete[name]
+        except KeyError:
+            raise UsageError(
+                f"unknown mechanism {name!r}: choose one of {', '.join(NAMES)}"
+            ) from None
+
+
+__all__ = [
+    "AutoMechanism",
+    "DriverLockMechanism",
+    "GateMechanism",
+    "Mechanism",
+    "MechanismSet",
+    "NAMES",
+    "SignalMechanism",
+    "Target",
+]

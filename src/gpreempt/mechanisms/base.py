@@ -1,0 +1,43 @@
+"""The one small interface every preemption mechanism implements."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..control import ControlBlock
+
+
+@dataclass
+class Target:
+    """What a mechanism acts on: one task's process and what the daemon knows of it."""
+
+    pid: int
+    #: Signal this process group rather than the pid alone (tasks started by ``gpreempt run``).
+    pgid: int | None = None
+    #: The in-process control block, when the task's process runs the client.
+    control: ControlBlock | None = None
+
+
+class Mechanism(abc.ABC):
+    """Suspend and resume one task; report whether it can work for a given target."""
+
+    #: Name used on the command line and in events.
+    name: str = ""
+
+    @abc.abstractmethod
+    def check(self, target: Target) -> None:
+        """Raise MechanismUnavailable, saying why, if this mechanism cannot act on ``target``."""
+
+    @abc.abstractmethod
+    def suspend(self, target: Target) -> str:
+        """Stop the task from using the GPU; return the name of what was actually used."""
+
+    @abc.abstractmethod
+    def resume(self, target: Target) -> str:
+        """Undo :meth:`suspend`; return the name of what was actually used. Must be idempotent."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the mechanism holds (libraries, threads)."""

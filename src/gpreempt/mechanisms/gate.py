@@ -1,0 +1,37 @@
+"""The ``gate`` mechanism, daemon side: close or open a task's in-process launch gate.
+
+Closing is one store into the task's control block; the gate in the task's process sees it
+before its next launch and lets only the bounded work already in flight drain.
+"""
+
+from __future__ import annotations
+
+from ..errors import MechanismUnavailable
+from .base import Mechanism, Target
+
+
+class GateMechanism(Mechanism):
+    name = "gate"
+
+    def check(self, target: Target) -> None:
+        if target.control is None:
+            raise MechanismUnavailable(
+                f"process {target.pid} has no gpreempt client: the gate needs a Python process "
+                "started with `gpreempt run` or calling gpreempt.attach()"
+            )
+        if not target.control.stats().gate_installed:
+            raise MechanismUnavailable(
+                f"process {target.pid} has not installed the gate (PyTorch not imported yet, "
+                "or GPREEMPT_GATE=0)"
+            )
+
+    def suspend(self, target: Target) -> str:
+        self.check(target)
+        assert target.control is not None
+        target.control.set_gate(True)
+        return self.name
+
+    def resume(self, target: Target) -> str:
+        if target.control is not None:
+            target.control.set_gate(False)
+        return self.name

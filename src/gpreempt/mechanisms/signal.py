@@ -1,0 +1,50 @@
+"""SIGSTOP/SIGCONT: stops a process's CPU side at once, on any vendor.
+
+GPU work it already queued still drains, so this bounds nothing on its own; it is the
+fallback that always works, and the only mechanism for processes with no CUDA context.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from ..errors import MechanismFailed, MechanismUnavailable, NoSuchProcess
+from ..procinfo import read_process
+from .base import Mechanism, Target
+
+
+def send(target: Target, signum: int) -> None:
+    """Send ``signum`` to the target's process group if it has one of its own, else to its pid."""
+    try:
+        if target.pgid:
+            os.killpg(target.pgid, signum)
+        else:
+            os.kill(target.pid, signum)
+    except ProcessLookupError:
+        raise NoSuchProcess(f"process {target.pid} has exited") from None
+    except PermissionError:
+        raise MechanismFailed(
+            f"not allowed to signal process {target.pid}: it belongs to another user"
+        ) from None
+
+
+class SignalMechanism(Mechanism):
+    name = "signal"
+
+    def check(self, target: Target) -> None:
+        try:
+            read_process(target.pid)
+        except NoSuchProcess as exc:
+            raise MechanismUnavailable(str(exc)) from None
+
+    def suspend(self, target: Target) -> str:
+        send(target, signal.SIGSTOP)
+        return self.name
+
+    def resume(self, target: Target) -> str:
+        try:
+            send(target, signal.SIGCONT)
+        except NoSuchProcess:
+            pass
+        return self.name

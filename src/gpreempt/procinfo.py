@@ -1,0 +1,91 @@
+"""Facts about processes read from /proc: owner, group, start time, parentage, stop state."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import NoSuchProcess
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    #: Real uid of the process.
+    uid: int
+    #: Start time in clock ticks since boot: with the pid, identifies the process across reuse.
+    start_time: int
+    #: One-letter state from /proc/PID/stat (R, S, T = stopped, Z, ...).
+    state: str
+    name: str
+
+
+def read_process(pid: int) -> ProcessInfo:
+    """Read /proc/PID; raise NoSuchProcess with a clear message if it is gone."""
+    if pid <= 0:
+        raise NoSuchProcess(f"pid {pid} is not a valid process id")
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        raise NoSuchProcess(f"no process with pid {pid} (it may have exited)") from None
+    # The name is in parentheses and may itself contain spaces or parentheses.
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    uid = 0
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+            break
+    state = fields[0]
+    if state in ("Z", "X"):
+        raise NoSuchProcess(f"process {pid} has exited (zombie)")
+    return ProcessInfo(
+        pid=pid,
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        uid=uid,
+        start_time=int(fields[19]),
+        state=state,
+        name=name,
+    )
+
+
+def alive(pid: int, start_time: int | None = None) -> bool:
+    """Whether ``pid`` runs (and, if given, is the same process that started at ``start_time``)."""
+    try:
+        info = read_process(pid)
+    except NoSuchProcess:
+        return False
+    return start_time is None or info.start_time == start_time
+
+
+def is_descendant(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == ancestor:
+            return True
+        try:
+            pid = read_process(pid).ppid
+        except NoSuchProcess:
+            return False
+        seen += 1
+    return pid == ancestor
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if read_process(int(entry)).pgid == pgid:
+                    members.append(int(entry))
+            except (NoSuchProcess, OSError, ValueError, IndexError):
+                continue
+    return members

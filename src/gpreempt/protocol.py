@@ -1,0 +1,169 @@
+"""The daemon's wire format: one JSON object per line on a unix stream socket.
+
+A request is ``{"op": <name>, ...}``; a reply is ``{"ok": true, ...}`` or
+``{"ok": false, "error": <message>, "kind": <error class>}``. A client's control block
+(shared memory) and doorbell (eventfd) travel as file descriptors (SCM_RIGHTS) beside
+the ``channel`` request. Messages are capped at :data:`MAX_MESSAGE` bytes so a peer
+cannot make the daemon buffer without bound.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import BY_NAME, ProtocolError, RemoteError
+
+MAX_MESSAGE = 64 * 1024
+MAX_FDS = 4
+
+#: Operations the daemon understands; anything else is refused with a clear error.
+OPS = frozenset(
+    {
+        "register",  # a task: pid, name, priority, gpus, mechanism, always_active
+        "channel",  # bind this connection to the caller's task, with control block fds
+        "unregister",  # the task ended (its launcher says so)
+        "status",  # snapshot of every task
+        "hold",  # manual suspend/resume of a task: target, hold
+        "evict",  # manual memory eviction of a task: target
+        "restore",  # bring an evicted task's memory back: target
+        "ping",  # liveness check
+    }
+)
+
+Message = dict[str, Any]
+
+
+def encode(message: Message) -> bytes:
+    """One message as a line of compact JSON; refuses messages over the size cap."""
+    data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE}-byte limit")
+    return data
+
+
+def decode(line: bytes) -> Message:
+    """Parse one line into a message, or raise ProtocolError saying what was wrong."""
+    try:
+        value = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"malformed message (not JSON): {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("malformed message: expected a JSON object")
+    return value
+
+
+def error_reply(exc: BaseException) -> Message:
+    """The reply that carries an exception back to the client."""
+    return {"ok": False, "error": str(exc), "kind": type(exc).__name__}
+
+
+def raise_for_reply(reply: Message) -> Message:
+    """Return a successful reply; re-raise a refusal as the error class the daemon named."""
+    if reply.get("ok"):
+        return reply
+    kind = str(reply.get("kind", "GpreemptError"))
+    message = str(reply.get("error", "request refused"))
+    cls = BY_NAME.get(kind)
+    if cls is None:
+        raise RemoteError(message, kind)
+    raise cls(message)
+
+
+class Connection:
+    """A framed, fd-passing view of a connected unix stream socket.
+
+    Not thread-safe: give each thread its own connection, or guard one with a lock.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = bytearray()
+        self._fds: list[int] = []
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+        data = encode(message)
+        if not fds:
+            self.sock.sendall(data)
+            return
+        sent = self.sock.sendmsg(
+            [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        )
+        if sent < len(data):  # the fds went with the first part; the rest follows plainly
+            self.sock.sendall(data[sent:])
+
+    def feed(self) -> bool:
+        """Read what is available into the buffer; False once the peer closed."""
+        fds = array.array("i")
+        data, ancdata, _flags, _addr = self.sock.recvmsg(
+            65536, socket.CMSG_SPACE(MAX_FDS * fds.itemsize)
+        )
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % fds.itemsize
+                fds.frombytes(payload[:usable])
+        self._fds.extend(fds)
+        if not data:
+            return False
+        self._buffer += data
+        if len(self._buffer) > MAX_MESSAGE and b"\n" not in self._buffer:
+            raise ProtocolError(f"message exceeds the {MAX_MESSAGE}-byte limit")
+        return True
+
+    def pop(self) -> tuple[Message, list[int]] | None:
+        """The next complete message and the fds that came with it, if one is buffered."""
+        end = self._buffer.find(b"\n")
+        if end < 0:
+            return None
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        if len(line) > MAX_MESSAGE:
+            raise ProtocolError(f"message exceeds the {MAX_MESSAGE}-byte limit")
+        fds, self._fds = self._fds, []
+        return decode(line), fds
+
+    def pending_fds(self) -> list[int]:
+        """Fds received but not yet claimed by a message (closed by the owner on teardown)."""
+        fds, self._fds = self._fds, []
+        return fds
+
+    def receive(self) -> tuple[Message, list[int]] | None:
+        """Block until one message arrives; None if the peer closed first."""
+        while True:
+            item = self.pop()
+            if item is not None:
+                return item
+            if not self.feed():
+                if self._buffer:
+                    raise ProtocolError("connection closed in the middle of a message")
+                return None
+
+    def request(self, message: Message, fds: Sequence[int] = ()) -> Message:
+        """Send a request and wait for its reply (raising the daemon's refusal as an error)."""
+        self.send(message, fds)
+        item = self.receive()
+        if item is None:
+            raise ProtocolError("the daemon closed the connection before replying")
+        reply, extra = item
+        for fd in extra:
+            _close_quietly(fd)
+        return raise_for_reply(reply)
+
+    def close(self) -> None:
+        for fd in self.pending_fds():
+            _close_quietly(fd)
+        self.sock.close()
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
