@@ -1,0 +1,24 @@
+"""``gpreempt bench``: Case-A latency and Case-B throughput under every way of sharing a GPU.
+
+Layers (torch only in :mod:`.workloads`' builders, matplotlib only in :mod:`.plots`):
+
+- :mod:`.load`, :mod:`.stats`, :mod:`.eventlog`, :mod:`.metrics`: pure computation;
+- :mod:`.loops`, :mod:`.workloads`: the benchmark processes (serve, train) and their handshake;
+- :mod:`.scenarios`, :mod:`.mps`, :mod:`.nvml`, :mod:`.device`: starting and watching processes;
+- :mod:`.runner`, :mod:`.report`, :mod:`.plots`, :mod:`.demo`: a whole run and its outputs.
+"""
+
+from __future__ import annotations
+
+from .load import arrival_rate, poisson_arrivals
+from .runner import BenchConfig, run_bench
+from .scenarios import ALL_SCENARIOS, Workloads
+
+__all__ = [
+    "ALL_SCENARIOS",
+    "BenchConfig",
+    "Workloads",
+    "arrival_rate",
+    "poisson_arrivals",
+    "run_bench",
+]

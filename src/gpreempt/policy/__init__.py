@@ -12,11 +12,17 @@ from typing import Any
 
 from ..errors import UsageError
 from .hpf import decide_hpf
+from .share import decide_share
 from .snapshot import Decision, Snapshot, TaskView
+from .timeslice import decide_timeslice
 
 Policy = Callable[[Snapshot, Any], Decision]
 
-POLICIES: dict[str, Policy] = {"hpf": decide_hpf}
+POLICIES: dict[str, Policy] = {
+    "hpf": decide_hpf,
+    "timeslice": decide_timeslice,
+    "share": decide_share,
+}
 
 
 def get_policy(name: str) -> Policy:
@@ -29,4 +35,14 @@ def get_policy(name: str) -> Policy:
         ) from None
 
 
-__all__ = ["Decision", "Policy", "POLICIES", "Snapshot", "TaskView", "decide_hpf", "get_policy"]
+__all__ = [
+    "Decision",
+    "Policy",
+    "POLICIES",
+    "Snapshot",
+    "TaskView",
+    "decide_hpf",
+    "decide_share",
+    "decide_timeslice",
+    "get_policy",
+]

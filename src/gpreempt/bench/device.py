@@ -1,0 +1,70 @@
+"""What GPU this run is on, found without importing torch or NVML into the harness itself."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+_PROBE = r"""
+import json
+info = {"name": None, "driver": None, "cuda": None, "torch": None, "count": 0}
+try:
+    import torch
+    info["torch"] = torch.__version__
+    info["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        info["count"] = torch.cuda.device_count()
+        info["name"] = torch.cuda.get_device_name(0)
+except Exception as exc:
+    info["torch_error"] = str(exc)
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    if info["name"] is None and pynvml.nvmlDeviceGetCount():
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        info["name"] = name.decode() if isinstance(name, bytes) else name
+except Exception:
+    pass
+print(json.dumps(info))
+"""
+
+
+def gpu_present() -> bool:
+    """True when ``nvidia-smi -L`` lists at least one GPU."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        result = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and "GPU" in result.stdout
+
+
+def describe(python: str = sys.executable) -> dict[str, Any]:
+    """{name, driver, cuda, torch, count} of GPU 0, probed in a child process (so this process
+    never holds a CUDA context that would share the GPU with the benchmark)."""
+    try:
+        result = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        info = json.loads(result.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        info = {"name": None, "driver": None, "cuda": None, "torch": None, "count": 0}
+    if info.get("driver") is None and shutil.which("nvidia-smi"):
+        try:
+            query = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            name, _, driver = query.stdout.splitlines()[0].partition(",")
+            info["driver"] = driver.strip() or None
+            info["name"] = info.get("name") or name.strip() or None
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            pass
+    return info

@@ -1,0 +1,84 @@
+"""Reading the daemon's event log (``<runtime_dir>/events.jsonl``) for a benchmark.
+
+Each line is one JSON object (see the daemon's event format): ``t`` is unix time, ``event``
+names what happened, ``latency_ms`` on a ``suspend`` is how long the mechanism's call took.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Event = dict[str, Any]
+
+
+def read_events(path: Path) -> list[Event]:
+    """Every well-formed event in the file, in order; a missing file gives none.
+
+    A torn last line (the daemon was killed mid-write) is skipped, not fatal.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            events.append(value)
+    return events
+
+
+def in_window(events: Iterable[Event], start: float, end: float) -> list[Event]:
+    """Events whose unix time ``t`` lies in [start, end]."""
+    return [e for e in events if isinstance(e.get("t"), (int, float)) and start <= e["t"] <= end]
+
+
+def suspend_latencies_ms(events: Iterable[Event]) -> list[float]:
+    """``latency_ms`` of every ``suspend`` event that carries one."""
+    return [
+        float(e["latency_ms"])
+        for e in events
+        if e.get("event") == "suspend" and isinstance(e.get("latency_ms"), (int, float))
+    ]
+
+
+def suspended_periods(
+    events: Sequence[Event], task_prefix: str, end: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Per task whose name starts with ``task_prefix``: the (start, stop) unix times it was
+    suspended, from ``suspend``/``hold``/``evict`` to ``resume``/``release``/``restore``/``exit``.
+    A period still open at the end of the log closes at ``end``.
+    """
+    opening = {"suspend", "hold", "evict"}
+    closing = {"resume", "release", "restore", "exit"}
+    periods: dict[str, list[tuple[float, float]]] = {}
+    open_since: dict[str, float] = {}
+    for event in sorted(events, key=lambda e: e.get("t", 0.0)):
+        task = str(event.get("task") or "")
+        if not task.startswith(task_prefix) or not isinstance(event.get("t"), (int, float)):
+            continue
+        kind = event.get("event")
+        if kind in opening and task not in open_since:
+            open_since[task] = float(event["t"])
+        elif kind in closing and task in open_since:
+            periods.setdefault(task, []).append((open_since.pop(task), float(event["t"])))
+    for task, since in open_since.items():
+        periods.setdefault(task, []).append((since, max(since, end)))
+    return periods
+
+
+def suspended_fraction(periods: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Share of [start, end] covered by the given (non-overlapping) suspended periods."""
+    if end <= start:
+        return 0.0
+    covered = sum(max(0.0, min(b, end) - max(a, start)) for a, b in periods)
+    return covered / (end - start)

@@ -1,0 +1,36 @@
+"""Open-loop load: Poisson arrival times, the same for every scenario of a run.
+
+Pure code (no clocks, no I/O) so the schedule can be checked on any machine.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..errors import UsageError
+
+
+def arrival_rate(load: float, service_s: float) -> float:
+    """Requests per second that keep a server of median service time ``service_s`` busy ``load``."""
+    if not 0 < load < 1.5:
+        raise UsageError(f"load must be in (0, 1.5), got {load}: 0.5 means half the GPU time")
+    if service_s <= 0:
+        raise UsageError(f"service time must be positive, got {service_s} s")
+    return load / service_s
+
+
+def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
+    """``count`` arrival offsets in seconds (first at 0) of a Poisson process of ``rate`` per s.
+
+    Gaps are exponential draws from a private ``random.Random(seed)``, so one seed gives one
+    schedule on every machine and in every scenario.
+    """
+    if count < 1:
+        raise UsageError(f"the number of requests must be at least 1, got {count}")
+    if rate <= 0:
+        raise UsageError(f"arrival rate must be positive, got {rate}")
+    rng = random.Random(seed)
+    offsets = [0.0]
+    for _ in range(count - 1):
+        offsets.append(offsets[-1] + rng.expovariate(rate))
+    return offsets

@@ -1,0 +1,214 @@
+"""The process side of a benchmark, free of torch: serve requests at their scheduled times,
+train until told to stop, and the file handshake with the harness.
+
+Handshake (all paths given on the command line, so it works under any launcher):
+
+- after warming up, a process writes its *ready file*;
+- a server then waits for the *go file* (JSON ``{"t0": unix time}``) and serves arrival
+  ``i`` at ``t0 + offset[i]``;
+- a trainer trains until its *stop file* appears or it gets SIGTERM;
+- each writes its results as JSON to its *out file* (written whole, then renamed).
+
+A request's work is any callable that returns when the answer is ready; a training step is any
+callable that returns ``None`` (done when it returns) or an object with ``synchronize()`` (e.g. a
+``torch.cuda.Event``), which a helper thread waits on to time-stamp the step's completion
+without stalling the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+Handler = Callable[[], Any]
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """``"package.module:name"`` -> the object it names (a user's own workload factory)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:FUNCTION, got {spec!r} (e.g. mypkg.bench:make_request)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r} for {spec!r}: {exc}") from None
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"module {module_name!r} has no {attr!r}") from None
+    if not callable(value):
+        raise UsageError(f"{spec!r} is not callable")
+    return value
+
+
+def request_context() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """``gpreempt.request`` (the "a request is running" hint), or a no-op where it is missing."""
+    import gpreempt
+
+    hint = getattr(gpreempt, "request", None)
+    return hint if callable(hint) else contextlib.nullcontext
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON to ``path`` atomically (temporary file, then rename)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, target)
+
+
+def mark_ready(path: str | os.PathLike[str] | None, **info: Any) -> None:
+    """Say "warmed up": write the ready file and print a READY line."""
+    if path:
+        write_json(path, {"t": time.time(), "pid": os.getpid(), **info})
+    print(f"READY pid={os.getpid()}", flush=True)
+
+
+def wait_for_file(path: str | os.PathLike[str], timeout_s: float, poll_s: float = 0.001) -> str:
+    """Wait until ``path`` exists and return its text; UsageError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    target = Path(path)
+    while True:
+        try:
+            return target.read_text()
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise UsageError(f"gave up waiting for {target} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def sleep_until(target: float, spin_s: float = 0.0005) -> None:
+    """Sleep until unix time ``target``; spin the last ``spin_s`` for sub-millisecond accuracy."""
+    while True:
+        left = target - time.time()
+        if left <= 0:
+            return
+        if left > spin_s:
+            time.sleep(left - spin_s)
+
+
+def calibrate(handle: Handler, count: int, gap_s: float = 0.002) -> list[float]:
+    """Service times (ms) of ``count`` requests served one at a time, ``gap_s`` apart."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        handle()
+        times.append((time.perf_counter() - start) * 1000.0)
+        time.sleep(gap_s)
+    return times
+
+
+def serve(
+    handle: Handler,
+    offsets: Sequence[float],
+    t0: float,
+    hint: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    spin_s: float = 0.0005,
+) -> dict[str, list[float]]:
+    """Serve one request per offset, open loop: request ``i`` is due at ``t0 + offsets[i]``.
+
+    Requests are served in order by this one thread; a request that is due while an earlier one
+    runs waits, and that wait counts in its latency (latency = end - scheduled arrival). The
+    hint is entered at the moment the request starts, before its inputs are prepared.
+    """
+    hint = hint or contextlib.nullcontext
+    scheduled, starts, ends = [], [], []
+    for offset in offsets:
+        due = t0 + offset
+        sleep_until(due, spin_s)
+        start = time.time()
+        with hint():
+            handle()
+        ends.append(time.time())
+        starts.append(start)
+        scheduled.append(due)
+    return {"scheduled": scheduled, "start": starts, "end": ends}
+
+
+class StepClock:
+    """Time-stamps training steps at completion, on a helper thread.
+
+    ``submit(token)`` after each step: a ``None`` token is stamped at once; otherwise the helper
+    waits on ``token.synchronize()`` (a CUDA event releases the GIL while it waits) and stamps
+    the unix time it returned.
+    """
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._done = object()
+        self._thread = threading.Thread(target=self._run, name="step-clock", daemon=True)
+        self._thread.start()
+
+    def submit(self, token: Any) -> None:
+        if token is None:
+            self.times.append(time.time())
+        else:
+            self._queue.put(token)
+
+    def _run(self) -> None:
+        while True:
+            token = self._queue.get()
+            if token is self._done:
+                return
+            token.synchronize()
+            self.times.append(time.time())
+
+    def close(self, timeout_s: float = 30.0) -> list[float]:
+        """Wait for the steps submitted so far, stop the helper, return the stamps (sorted)."""
+        self._queue.put(self._done)
+        self._thread.join(timeout_s)
+        return sorted(self.times)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT (main thread only) or by the appearance of a stop file."""
+
+    def __init__(self, stop_file: str | os.PathLike[str] | None, install_signals: bool = True):
+        self.stop_file = Path(stop_file) if stop_file else None
+        self.event = threading.Event()
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.event.set())
+
+    def __call__(self) -> bool:
+        if self.event.is_set():
+            return True
+        if self.stop_file is not None and self.stop_file.exists():
+            self.event.set()
+        return self.event.is_set()
+
+
+def warm_up(step: Handler, min_steps: int, min_seconds: float) -> int:
+    """Run ``step`` at least ``min_steps`` times and for at least ``min_seconds``; wait for the
+    last one. Returns the number of steps run."""
+    start = time.monotonic()
+    count = 0
+    token = None
+    while count < min_steps or time.monotonic() - start < min_seconds:
+        token = step()
+        count += 1
+    if token is not None and hasattr(token, "synchronize"):
+        token.synchronize()
+    return count
+
+
+def train(step: Handler, stop: Callable[[], bool], max_seconds: float) -> list[float]:
+    """Run ``step`` until ``stop()`` is true (or ``max_seconds`` pass); completion stamps."""
+    clock = StepClock()
+    deadline = time.monotonic() + max_seconds
+    while not stop() and time.monotonic() < deadline:
+        clock.submit(step())
+    return clock.close()

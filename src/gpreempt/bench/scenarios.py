@@ -1,0 +1,509 @@
+"""Running one scenario: start its processes, wait until each has warmed up, send Case-A's
+arrivals, stop everything, and collect what each process wrote.
+
+Every process runs in its own session (process group) so that stopping it also stops what it
+started; nothing is left running if a scenario fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import GpreemptError, UsageError
+from . import eventlog
+from .mps import MpsDaemon
+from .nvml import NvmlSampler
+
+BASELINES = ("a-alone", "b-alone", "sequential", "time-sliced", "stream-priority")
+MPS_SCENARIOS = ("mps", "mps-priority")
+MECHANISMS = ("signal", "lock", "gate", "auto")
+GPREEMPT_SCENARIOS = tuple(f"gpreempt-{m}" for m in MECHANISMS)
+ALL_SCENARIOS = BASELINES + MPS_SCENARIOS + GPREEMPT_SCENARIOS
+
+DESCRIPTIONS = {
+    "a-alone": "Case-A alone (the reference for latency ratios)",
+    "b-alone": "Case-B alone (the reference for B kept)",
+    "sequential": "Case-A, then Case-B: no sharing (from a-alone and b-alone)",
+    "time-sliced": "separate processes, default time slicing",
+    "stream-priority": "one process: Case-A on a high-priority stream, Case-B in a thread",
+    "mps": "separate processes under MPS",
+    "mps-priority": "MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B",
+    **{f"gpreempt-{m}": f"gpreempt, mechanism {m}" for m in MECHANISMS},
+}
+
+
+class ScenarioFailed(GpreemptError):
+    """A scenario could not be measured; the message says why (it becomes the invalid reason)."""
+
+
+def check_scenarios(names: Sequence[str]) -> tuple[str, ...]:
+    """Validate scenario names (UsageError listing the known ones)."""
+    unknown = [n for n in names if n not in ALL_SCENARIOS]
+    if unknown:
+        raise UsageError(
+            f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(ALL_SCENARIOS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """How to start Case-A and Case-B processes."""
+
+    python: str = sys.executable
+    case_a_batch: int = 8  # ResNet-50 batch of the built-in Case-A
+    case_a_fn: str | None = None  # MODULE:FACTORY of a user's request handler
+    case_b_fn: str | None = None  # MODULE:FACTORY of a user's training step
+    case_b_cmd: str | None = None  # any command as Case-B (shell words)
+    warmup_s: float = 2.0  # each process warms up at least this long
+    warmup_steps: int = 10
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for every process
+
+    def _module(self) -> list[str]:
+        return [self.python, "-m", "gpreempt.bench.workloads"]
+
+    def serve_options(self, files: dict[str, Path]) -> list[str]:
+        argv = ["--batch", str(self.case_a_batch), "--warmup-s", str(self.warmup_s)]
+        if self.case_a_fn:
+            argv += ["--fn", self.case_a_fn]
+        return argv + [
+            "--ready-file",
+            str(files["ready"]),
+            "--go-file",
+            str(files["go"]),
+            "--arrivals",
+            str(files["arrivals"]),
+            "--out",
+            str(files["out"]),
+        ]
+
+    def serve_argv(self, files: dict[str, Path]) -> list[str]:
+        return [*self._module(), "serve", *self.serve_options(files)]
+
+    def calibrate_argv(self, out: Path, count: int) -> list[str]:
+        argv = [*self._module(), "serve", "--batch", str(self.case_a_batch)]
+        argv += ["--warmup-s", str(self.warmup_s), "--calibrate", str(count), "--out", str(out)]
+        return argv + (["--fn", self.case_a_fn] if self.case_a_fn else [])
+
+    def train_argv(self, files: dict[str, Path]) -> list[str]:
+        if self.case_b_cmd:
+            return shlex.split(self.case_b_cmd)
+        argv = [*self._module(), "train", "--warmup-s", str(self.warmup_s)]
+        argv += ["--warmup-steps", str(self.warmup_steps)]
+        if self.case_b_fn:
+            argv += ["--fn", self.case_b_fn]
+        return argv + [
+            "--ready-file",
+            str(files["ready"]),
+            "--stop-file",
+            str(files["stop"]),
+            "--out",
+            str(files["out"]),
+        ]
+
+    def combined_argv(self, a_files: dict[str, Path], b_files: dict[str, Path]) -> list[str]:
+        if self.case_b_cmd:
+            raise ScenarioFailed(
+                "stream-priority needs Case-B in Python (--case-b-fn), not a command"
+            )
+        argv = [*self._module(), "combined", *self.serve_options(a_files)]
+        argv += ["--warmup-steps", str(self.warmup_steps), "--train-out", str(b_files["out"])]
+        return argv + (["--train-fn", self.case_b_fn] if self.case_b_fn else [])
+
+    def environment(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **dict(self.env), **(extra or {})}
+
+
+@dataclass
+class Child:
+    """One started process with its log file, in its own process group."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        directory: Path,
+        files: dict[str, Path] | None = None,
+    ) -> Child:
+        log_path = directory / f"{name}.log"
+        with open(log_path, "wb") as log:
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ScenarioFailed(f"cannot start {name} ({shlex.join(argv)}): {exc}") from None
+        return cls(name, popen, log_path, files or {})
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 1500) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:].strip()
+
+    def failure(self, what: str) -> ScenarioFailed:
+        return ScenarioFailed(
+            f"{self.name} {what} (exit code {self.popen.returncode}); end of {self.log_path.name}: "
+            f"{self.tail(600)!r}"
+        )
+
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
+
+    def stop(self, grace_s: float = 15.0, signum: int = signal.SIGTERM) -> None:
+        """Ask the process group to end (``signum``), then SIGKILL it after ``grace_s``."""
+        if self.alive():
+            self.signal_group(signum)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait(10)
+        self.signal_group(signal.SIGKILL)  # anything the process left behind in its group
+
+
+@dataclass
+class RawScenario:
+    """What one scenario's processes recorded, before any statistics."""
+
+    name: str
+    directory: Path
+    serve: dict[str, Any] | None = None  # Case-A's results (scheduled/start/end unix times)
+    trains: list[dict[str, Any]] = field(default_factory=list)  # each Case-B's results
+    window: tuple[float, float] | None = None  # measured window (unix times)
+    events: list[dict[str, Any]] = field(default_factory=list)  # daemon events
+    valid: bool = True
+    reason: str | None = None
+    gpu: dict[str, Any] | str = "n/a"
+    roles: dict[int, str] = field(default_factory=dict)
+
+    def invalidate(self, reason: str) -> None:
+        self.valid = False
+        self.reason = f"{self.reason}; {reason}" if self.reason else reason
+
+
+@dataclass(frozen=True)
+class Harness:
+    """Everything a scenario needs that is the same for the whole run."""
+
+    workloads: Workloads
+    arrivals_file: Path  # JSON list of arrival offsets (s)
+    planned_span_s: float  # last arrival offset: how long Case-A's arrivals last
+    bg: int = 1
+    gpreempt: tuple[str, ...] = (sys.executable, "-m", "gpreempt")
+    mps_control: str = "nvidia-cuda-mps-control"
+    ready_timeout_s: float = 300.0
+    nvml: bool = True
+    gpu_index: int = 0
+
+
+def _files(directory: Path, name: str) -> dict[str, Path]:
+    return {
+        "ready": directory / f"{name}.ready",
+        "go": directory / "go.json",
+        "stop": directory / f"{name}.stop",
+        "out": directory / f"{name}.json",
+        "steps": directory / f"{name}.steps",
+        "arrivals": directory / "arrivals.json",
+    }
+
+
+def _wait_ready(children: Sequence[Child], timeout_s: float, user_cmd_grace: float) -> None:
+    """Wait until every child wrote its ready file (a user's Case-B command that writes none is
+    taken as ready after ``user_cmd_grace`` seconds); fail if one exits first."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(children)
+    while pending:
+        for child in list(pending):
+            if child.files["ready"].exists():
+                pending.remove(child)
+            elif not child.alive():
+                raise child.failure("exited before it was ready")
+            elif child.files.get("user_cmd") and time.time() - child.started > user_cmd_grace:
+                pending.remove(child)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(c.name for c in pending)
+            raise ScenarioFailed(f"{names} not ready after {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _user_steps(path: Path) -> list[float] | None:
+    """Step times a user's Case-B command appended to $GPREEMPT_BENCH_STEPS_FILE, if any."""
+    try:
+        lines = path.read_text().split()
+    except OSError:
+        return None
+    times = []
+    for word in lines:
+        try:
+            times.append(float(word))
+        except ValueError:
+            continue
+    return sorted(times)
+
+
+class _Daemon:
+    """A private ``gpreempt serve`` in a short temporary runtime directory."""
+
+    def __init__(self, harness: Harness, directory: Path) -> None:
+        self.harness = harness
+        self.directory = directory
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="gpb-"))
+        self.child: Child | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        argv = [*self.harness.gpreempt, "serve", "--runtime-dir", str(self.runtime_dir)]
+        self.child = Child.start("daemon", argv, env, self.directory)
+        from ..client.connection import DaemonClient
+        from ..errors import DaemonUnavailable
+
+        deadline = time.monotonic() + 30
+        while True:
+            if not self.child.alive():
+                raise self.child.failure("(gpreempt serve) exited at start")
+            try:
+                with DaemonClient.connect(self.runtime_dir, timeout=2) as client:
+                    client.ping()
+                return
+            except (DaemonUnavailable, OSError, GpreemptError):
+                if time.monotonic() > deadline:
+                    raise ScenarioFailed("gpreempt serve did not answer within 30 s") from None
+                time.sleep(0.05)
+
+    def wrap(self, argv: list[str], name: str, priority: str, mechanism: str | None) -> list[str]:
+        wrapped = [*self.harness.gpreempt, "run", "--runtime-dir", str(self.runtime_dir)]
+        wrapped += ["--priority", priority, "--name", name]
+        if mechanism:
+            wrapped += ["--mechanism", mechanism]
+        return [*wrapped, "--", *argv]
+
+    def stop(self) -> list[dict[str, Any]]:
+        """SIGTERM the daemon (it resumes every task), keep its event log and log."""
+        if self.child is not None:
+            self.child.stop(grace_s=15)
+        for name in ("events.jsonl", "daemon.log"):
+            source = self.runtime_dir / name
+            if source.exists():
+                shutil.copy(source, self.directory / name)
+        events = eventlog.read_events(self.directory / "events.jsonl")
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        return events
+
+
+def run_scenario(harness: Harness, name: str, directory: Path, b_alone_s: float) -> RawScenario:
+    """Run scenario ``name`` once in ``directory``; failures become an invalid RawScenario."""
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = RawScenario(name, directory)
+    try:
+        _run(harness, name, raw, b_alone_s)
+    except ScenarioFailed as exc:
+        raw.invalidate(str(exc))
+    except GpreemptError as exc:
+        raw.invalidate(f"{type(exc).__name__}: {exc}")
+    (directory / "scenario.json").write_text(
+        json.dumps({"name": name, "valid": raw.valid, "reason": raw.reason}, indent=1)
+    )
+    return raw
+
+
+def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> None:
+    work, directory = harness.workloads, raw.directory
+    with_a = name != "b-alone"
+    b_count = 0 if name == "a-alone" else harness.bg
+    mechanism = name.removeprefix("gpreempt-") if name.startswith("gpreempt-") else None
+    children: list[Child] = []
+    daemon: _Daemon | None = None
+    mps: MpsDaemon | None = None
+    sampler = NvmlSampler(harness.gpu_index) if harness.nvml else None
+    try:
+        env_a, env_b = work.environment(), work.environment()
+        if name in MPS_SCENARIOS:
+            # private pipe/log directories in the run's directory, unless its path is too long
+            # for the unix sockets MPS makes there
+            mps_dir = harness.arrivals_file.parent / "mps"
+            if len(str(mps_dir)) > 80:
+                mps_dir = Path(tempfile.mkdtemp(prefix="gpb-mps-"))
+            mps = MpsDaemon(mps_dir, harness.mps_control)
+            try:
+                mps.start()
+            except GpreemptError as exc:
+                raise ScenarioFailed(str(exc)) from None
+            env_a = work.environment(mps.env())
+            env_b = work.environment(
+                {
+                    **mps.env(),
+                    **({"CUDA_MPS_CLIENT_PRIORITY": "1"} if name == "mps-priority" else {}),
+                }
+            )
+        if mechanism:
+            daemon = _Daemon(harness, directory)
+            daemon.start(work.environment())
+
+        a_files = _files(directory, "case-a")
+        if with_a:
+            shutil.copy(harness.arrivals_file, a_files["arrivals"])
+            a_files["go"].unlink(missing_ok=True)
+        b_files = [_files(directory, f"case-b-{i}") for i in range(b_count)]
+
+        if name == "stream-priority":
+            argv = work.combined_argv(a_files, b_files[0])
+            children.append(Child.start("case-a-b", argv, env_a, directory, a_files))
+        else:
+            for i, files in enumerate(b_files):
+                argv = work.train_argv(files)
+                if work.case_b_cmd:
+                    files["user_cmd"] = files["steps"]
+                    env = {
+                        **env_b,
+                        "GPREEMPT_BENCH_READY_FILE": str(files["ready"]),
+                        "GPREEMPT_BENCH_STOP_FILE": str(files["stop"]),
+                        "GPREEMPT_BENCH_STEPS_FILE": str(files["steps"]),
+                    }
+                else:
+                    env = env_b
+                if daemon:
+                    argv = daemon.wrap(argv, f"case-b-{i}", "low", mechanism)
+                children.append(Child.start(f"case-b-{i}", argv, env, directory, files))
+            if with_a:
+                argv = work.serve_argv(a_files)
+                if daemon:
+                    argv = daemon.wrap(argv, "case-a", "high", None)
+                children.append(Child.start("case-a", argv, env_a, directory, a_files))
+
+        _wait_ready(children, harness.ready_timeout_s, work.warmup_s * 3)
+        if sampler:
+            sampler.start()
+        t0 = time.time() + 0.1
+        if with_a:
+            from .loops import write_json
+
+            write_json(a_files["go"], {"t0": t0})
+            server = children[-1]
+            limit = 120 + 30 * harness.planned_span_s
+            try:
+                server.popen.wait(limit)
+            except subprocess.TimeoutExpired:
+                raise ScenarioFailed(f"Case-A did not finish within {limit:.0f} s") from None
+            a_end = time.time()
+            if server.popen.returncode != 0:
+                raise server.failure("failed")
+            for child in children[:-1]:
+                if not child.alive():
+                    raw.invalidate(
+                        f"{child.name} exited (code {child.popen.returncode}) before Case-A "
+                        "finished: the processes did not overlap for the whole window"
+                    )
+            raw.serve = _read_json(a_files["out"])
+            if raw.serve is None or not raw.serve.get("end"):
+                raise ScenarioFailed(f"Case-A wrote no results to {a_files['out'].name}")
+            raw.window = (min(raw.serve["scheduled"]), max(raw.serve["end"]))
+            if raw.window[1] > a_end + 1:
+                raw.invalidate("Case-A's clock disagrees with the harness's")
+        else:
+            time.sleep(max(0.0, t0 - time.time()) + b_alone_s)
+            raw.window = (t0, t0 + b_alone_s)
+        if sampler:
+            sampler.stop()
+
+        for child in children:
+            if "stop" in child.files:
+                child.files["stop"].touch()
+        for child in children:
+            try:
+                child.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                child.stop()
+        for i, files in enumerate(b_files):
+            if name == "stream-priority":
+                data = _read_json(files["out"])
+            elif work.case_b_cmd:
+                data = {"step_end_t": _user_steps(files["steps"])}
+            else:
+                data = _read_json(files["out"])
+            if data is None:
+                raw.invalidate(f"case-b-{i} wrote no results")
+                data = {"step_end_t": []}
+            raw.trains.append(data)
+        raw.roles = _roles(raw)
+    finally:
+        if sampler:
+            sampler.stop()
+        for child in reversed(children):
+            child.stop()
+        if daemon is not None:
+            raw.events = daemon.stop()
+        if mps is not None:
+            mps.stop()
+        if sampler:
+            raw.gpu = sampler.summary(raw.roles)
+
+
+def _roles(raw: RawScenario) -> dict[int, str]:
+    roles = {}
+    if raw.serve and isinstance(raw.serve.get("pid"), int):
+        roles[raw.serve["pid"]] = "case-a"
+    for i, data in enumerate(raw.trains):
+        if isinstance(data.get("pid"), int):
+            roles.setdefault(data["pid"], f"case-b-{i}")
+    return roles
+
+
+def calibrate(harness: Harness, directory: Path, count: int) -> list[float]:
+    """Case-A's service times (ms) alone, ``count`` isolated requests, for the arrival rate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / "calibration.json"
+    child = Child.start(
+        "calibrate",
+        harness.workloads.calibrate_argv(out, count),
+        harness.workloads.environment(),
+        directory,
+    )
+    try:
+        child.popen.wait(harness.ready_timeout_s)
+    except subprocess.TimeoutExpired:
+        child.stop()
+        raise ScenarioFailed(f"calibration took over {harness.ready_timeout_s:.0f} s") from None
+    finally:
+        child.stop()
+    data = _read_json(out)
+    if child.popen.returncode != 0 or not data or not data.get("service_ms"):
+        raise child.failure("could not measure Case-A's service time")
+    return [float(x) for x in data["service_ms"]]

@@ -1,0 +1,292 @@
+"""Benchmark workloads, usable on their own or through ``python -m gpreempt.bench.workloads``.
+
+Built in (torch is imported only when one of them is built):
+
+- Case-A, online inference: :func:`resnet50_server`, torchvision ResNet-50 with random weights
+  (nothing is downloaded), fp16, channels-last, replayed from a CUDA graph; one request copies a
+  pinned input batch in, replays the graph and copies the logits out.
+- Case-B, offline training: :func:`transformer_trainer`, an 8-layer Transformer encoder
+  (d=1024, 16 heads, batch 16x512) in eager PyTorch with bf16 autocast and AdamW.
+
+Your own jobs: ``--fn MODULE:FACTORY`` names a factory called with no arguments. For ``serve``
+it returns a callable that handles one request and returns when the answer is ready; for
+``train`` it returns a callable that runs one step and returns ``None`` or an object with
+``synchronize()`` that completes with the step (e.g. a ``torch.cuda.Event`` recorded after it).
+
+Command line (the harness builds these; see :mod:`gpreempt.bench.loops` for the handshake)::
+
+    python -m gpreempt.bench.workloads serve --ready-file R --go-file G --arrivals A --out O
+    python -m gpreempt.bench.workloads serve --calibrate 200 --out O
+    python -m gpreempt.bench.workloads train --ready-file R --stop-file S --out O
+    python -m gpreempt.bench.workloads combined ...   # both in one process (stream priority)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import loops
+
+#: Case-A variants: name -> ResNet-50 batch size.
+CASE_A_BATCH = {"light": 8, "heavy": 64}
+
+
+def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
+    """Case-A: one call serves one request of ``batch`` 224x224 images on ResNet-50 fp16."""
+    import torch
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    dtype = torch.float16 if on_gpu else torch.float32
+    model = torchvision.models.resnet50(weights=None).to(dev, dtype).eval()
+    model = model.to(memory_format=torch.channels_last)
+    host_in = torch.randn(batch, 3, 224, 224, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+    if on_gpu:
+        host_in = host_in.pin_memory()
+    static_in = torch.empty_like(host_in, device=dev)
+    static_in.copy_(host_in)
+    host_out = torch.empty(batch, 1000, dtype=dtype, pin_memory=on_gpu)
+
+    with torch.inference_mode():
+        if on_gpu and graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                static_out = model(static_in)
+            torch.cuda.synchronize()
+
+            def request() -> None:
+                stream = torch.cuda.current_stream()
+                static_in.copy_(host_in, non_blocking=True)
+                cuda_graph.replay()
+                host_out.copy_(static_out, non_blocking=True)
+                stream.synchronize()
+
+            return request
+
+    def eager_request() -> None:
+        with torch.inference_mode():
+            out = model(host_in.to(dev, non_blocking=True))
+            host_out.copy_(out)
+
+    return eager_request
+
+
+def transformer_trainer(
+    d_model: int = 1024,
+    layers: int = 8,
+    batch: int = 16,
+    seq: int = 512,
+    device: str = "cuda",
+) -> Callable[[], Any]:
+    """Case-B: one call queues one training step; returns an event that completes with it."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, nhead=16, dim_feedforward=4 * d_model, batch_first=True, norm_first=True
+    )
+    model = torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
+    model = model.to(dev).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, seq, d_model, device=dev)
+    target = torch.randn(batch, seq, d_model, device=dev)
+    if on_gpu:
+        torch.cuda.synchronize()
+
+    def step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            out = model(x)
+        loss = F.mse_loss(out.float(), target)
+        loss.backward()
+        optimizer.step()
+        if on_gpu:
+            event = torch.cuda.Event(blocking=True)
+            event.record()
+            return event
+        return None
+
+    return step
+
+
+def _server_from(args: argparse.Namespace) -> Callable[[], Any]:
+    if args.fn:
+        return loops.load_callable(args.fn)()
+    return resnet50_server(batch=args.batch, device=args.device)
+
+
+def _trainer_from(fn: str | None, args: argparse.Namespace) -> Callable[[], Any]:
+    if fn:
+        return loops.load_callable(fn)()
+    return transformer_trainer(
+        d_model=args.d_model,
+        layers=args.layers,
+        batch=args.train_batch,
+        seq=args.seq,
+        device=args.device,
+    )
+
+
+def _stream(priority: int | None) -> contextlib.AbstractContextManager[Any]:
+    """A fresh CUDA stream of ``priority`` (lower = more urgent) as a context, where torch and a
+    GPU are in use; a no-op otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or priority is None:
+        return contextlib.nullcontext()
+    try:
+        least, greatest = torch.cuda.Stream.priority_range()
+    except AttributeError:  # older releases: 0 is normal, -1 high
+        least, greatest = 0, -1
+    clamped = max(greatest, min(least, priority))
+    return torch.cuda.stream(torch.cuda.Stream(priority=clamped))
+
+
+def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict[str, Any]) -> int:
+    loops.warm_up(handle, args.warmup_requests, args.warmup_s)
+    if args.calibrate:
+        service = loops.calibrate(handle, args.calibrate)
+        loops.write_json(args.out, {"pid": os.getpid(), "service_ms": service, **extra})
+        return 0
+    offsets = json.loads(Path(args.arrivals).read_text())
+    loops.mark_ready(args.ready_file)
+    ready_t = time.time()
+    go = json.loads(loops.wait_for_file(args.go_file, args.go_timeout_s))
+    result = loops.serve(handle, offsets, float(go["t0"]), loops.request_context())
+    loops.write_json(args.out, {"pid": os.getpid(), "ready_t": ready_t, **result, **extra})
+    return 0
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    return _serve_main(_server_from(args), args, {})
+
+
+def train_command(args: argparse.Namespace) -> int:
+    stop = loops.StopFlag(args.stop_file)
+    step = _trainer_from(args.fn, args)
+    warm = loops.warm_up(step, args.warmup_steps, args.warmup_s)
+    loops.mark_ready(args.ready_file)
+    ready_t = time.time()
+    times = loops.train(step, stop, args.max_seconds)
+    loops.write_json(
+        args.out,
+        {
+            "pid": os.getpid(),
+            "ready_t": ready_t,
+            "warmup_steps": warm,
+            "step_end_t": times,
+            "stopped_t": time.time(),
+        },
+    )
+    return 0
+
+
+def combined_command(args: argparse.Namespace) -> int:
+    """Case-A and Case-B in one process: serving on a high-priority stream in the main thread,
+    training on a low-priority stream in a second thread (what one process can do today)."""
+    sys.setswitchinterval(args.switch_interval_s)
+    handle = _server_from(args)
+    stop = threading.Event()
+    warmed = threading.Event()
+    out: dict[str, Any] = {}
+    failure: list[BaseException] = []
+
+    def trainer() -> None:
+        try:
+            with _stream(0):
+                step = _trainer_from(args.train_fn, args)
+                out["warmup_steps"] = loops.warm_up(step, args.warmup_steps, args.warmup_s)
+                warmed.set()
+                out["step_end_t"] = loops.train(step, stop.is_set, args.max_seconds)
+                out["stopped_t"] = time.time()
+        except BaseException as exc:  # reported by the main thread
+            failure.append(exc)
+            warmed.set()
+
+    thread = threading.Thread(target=trainer, name="case-b", daemon=True)
+    thread.start()
+    warmed.wait()
+    if failure:
+        raise failure[0]
+    with _stream(-10):
+        code = _serve_main(handle, args, {"train_thread": True})
+    stop.set()
+    thread.join()
+    if failure:
+        raise failure[0]
+    loops.write_json(args.train_out, {"pid": os.getpid(), **out})
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpreempt.bench.workloads",
+        description="Benchmark workloads: Case-A inference (serve), Case-B training (train).",
+    )
+    sub = parser.add_subparsers(dest="mode", required=True)
+    serve = sub.add_parser("serve", help="serve requests at scheduled arrival times")
+    train = sub.add_parser("train", help="train until the stop file appears or SIGTERM")
+    both = sub.add_parser("combined", help="serve and train in one process (two threads)")
+    for p in (serve, train, both):
+        p.add_argument("--device", default="cuda", help="torch device (default cuda)")
+        p.add_argument("--ready-file", help="written once warmed up")
+        p.add_argument("--out", required=True, help="results JSON")
+        p.add_argument("--warmup-s", type=float, default=2.0, help="warm up at least this long")
+        p.add_argument("--max-seconds", type=float, default=1800.0, help="safety stop")
+    for p in (serve, both):
+        p.add_argument("--fn", help="MODULE:FACTORY returning a request handler (your own job)")
+        p.add_argument("--batch", type=int, default=8, help="ResNet-50 batch (default 8)")
+        p.add_argument("--go-file", help="JSON {t0}: serve arrivals from t0")
+        p.add_argument("--go-timeout-s", type=float, default=600.0)
+        p.add_argument("--arrivals", help="JSON list of arrival offsets in seconds")
+        p.add_argument("--calibrate", type=int, default=0, help="measure N isolated requests")
+        p.add_argument("--warmup-requests", type=int, default=50)
+    for p in (train, both):
+        p.add_argument("--d-model", type=int, default=1024)
+        p.add_argument("--layers", type=int, default=8)
+        p.add_argument("--train-batch", type=int, default=16)
+        p.add_argument("--seq", type=int, default=512)
+        p.add_argument("--warmup-steps", type=int, default=10)
+    train.add_argument("--fn", help="MODULE:FACTORY returning a training step (your own job)")
+    train.add_argument("--stop-file", help="stop when this file appears")
+    both.add_argument("--train-fn", help="MODULE:FACTORY returning a training step")
+    both.add_argument("--train-out", required=True, help="training results JSON")
+    both.add_argument(
+        "--switch-interval-s",
+        type=float,
+        default=0.0005,
+        help="Python thread switch interval, so the serving thread is not held 5 ms by the GIL",
+    )
+    serve.set_defaults(func=serve_command)
+    train.set_defaults(func=train_command)
+    both.set_defaults(func=combined_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

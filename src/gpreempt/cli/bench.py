@@ -1,0 +1,214 @@
+"""``gpreempt bench``: the test plan, every alternative side by side, in one run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+
+EPILOG = """\
+scenarios (all by default; a-alone and b-alone are always measured, every ratio needs them):
+  a-alone          Case-A alone (reference for the P99 ratio)
+  b-alone          Case-B alone (reference for B kept)
+  sequential       Case-A then Case-B, no sharing (derived from a-alone and b-alone)
+  time-sliced      separate processes, default time slicing
+  stream-priority  one process: Case-A on a high-priority stream, Case-B in a thread
+  mps              separate processes under a private MPS daemon
+  mps-priority     MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B
+  gpreempt-signal, gpreempt-lock, gpreempt-gate, gpreempt-auto
+                   a private `gpreempt serve`; Case-B `gpreempt run --priority low
+                   --mechanism M`, Case-A `gpreempt run --priority high`
+
+outputs (in the run's directory): results.json, report.md, latency_cdf.png/.json,
+timeline.png/.json, and runs/r<k>/<scenario>/ with every process's log and raw data.
+
+examples:
+  gpreempt bench --quick
+  gpreempt bench --bg 3 --case-a heavy --repeats 3 --out runs/heavy-3
+  gpreempt bench --scenarios time-sliced,gpreempt-auto --case-b-cmd "python train.py"
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure Case-A latency and Case-B throughput under every alternative",
+        description=(
+            "Run Case-A (latency-critical inference, high priority) beside Case-B (best-effort "
+            "training, low priority) on GPU 0 under every way of sharing a GPU, on the same "
+            "open-loop Poisson arrivals, and report Case-A's latency (P99 ratio against "
+            "Case-A alone), Case-B's throughput kept, preemption latency and GPU utilisation."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.5,
+        help="Case-A's offered load: requests arrive at load / S per second, S = Case-A's "
+        "median service time alone, measured first (default 0.5)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="Case-A requests per scenario (default 1000; 500 with --quick; P99 needs >= 1000)",
+    )
+    parser.add_argument(
+        "--bg", type=int, default=1, help="number of Case-B processes, e.g. 1 or 3 (default 1)"
+    )
+    parser.add_argument(
+        "--case-a",
+        choices=("light", "heavy"),
+        default="light",
+        help="built-in Case-A: light = ResNet-50 fp16 batch 8, heavy = batch 64 (default light)",
+    )
+    parser.add_argument(
+        "--case-a-fn",
+        metavar="MODULE:FACTORY",
+        help="your own Case-A: FACTORY() returns a callable that serves one request and returns "
+        "when its answer is ready (replaces the built-in ResNet-50)",
+    )
+    parser.add_argument(
+        "--case-b-fn",
+        metavar="MODULE:FACTORY",
+        help="your own Case-B: FACTORY() returns a callable that runs one training step and "
+        "returns None or an object with synchronize() (e.g. a torch.cuda.Event)",
+    )
+    parser.add_argument(
+        "--case-b-cmd",
+        metavar="CMD",
+        help="any command as Case-B. It may touch $GPREEMPT_BENCH_READY_FILE once warmed up "
+        "(else it counts as ready after 3x --warmup-s), append one unix time per step to "
+        "$GPREEMPT_BENCH_STEPS_FILE (else B kept is n/a), and must stop on SIGTERM",
+    )
+    parser.add_argument(
+        "--scenarios",
+        metavar="LIST",
+        help="comma-separated scenarios to run (default: all; see below)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every scenario N times and report the median and spread (3 recommended)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="arrival sequence seed (default 0)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for this run (must be new or empty; default ./gpreempt-bench-<time>)",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        help="each process warms up at least this long before the window (default 2; 1 quick)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run (about 5 minutes on one H100/H200): 500 requests, shorter warm-ups",
+    )
+    parser.add_argument(
+        "--no-nvml", action="store_true", help="do not sample GPU utilisation with NVML"
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="Python interpreter for the workloads (default: this one)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _out_dir(value: str | None) -> Path:
+    if value is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return Path(f"gpreempt-bench-{stamp}")
+    path = Path(value)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UsageError(f"--out {path} is not a new or empty directory: each run needs its own")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.device import gpu_present
+
+    if not gpu_present():
+        print(
+            "gpreempt bench: no NVIDIA GPU found (`nvidia-smi -L` lists none). The benchmark "
+            "measures GPU sharing and needs one; run it on a GPU machine.",
+            file=sys.stderr,
+        )
+        return 2
+    from ..bench.runner import BenchConfig, run_bench
+    from ..bench.scenarios import ALL_SCENARIOS, Workloads, check_scenarios
+    from ..bench.workloads import CASE_A_BATCH
+
+    scenarios = (
+        check_scenarios([s.strip() for s in args.scenarios.split(",") if s.strip()])
+        if args.scenarios
+        else ALL_SCENARIOS
+    )
+    if not scenarios:
+        raise UsageError("--scenarios is empty: name at least one scenario")
+    if args.case_b_fn and args.case_b_cmd:
+        raise UsageError("give --case-b-fn or --case-b-cmd, not both")
+    warmup = args.warmup_s if args.warmup_s is not None else (1.0 if args.quick else 2.0)
+    requests = args.requests or (500 if args.quick else 1000)
+    workloads = Workloads(
+        python=args.python,
+        case_a_batch=CASE_A_BATCH[args.case_a],
+        case_a_fn=args.case_a_fn,
+        case_b_fn=args.case_b_fn,
+        case_b_cmd=args.case_b_cmd,
+        warmup_s=warmup,
+        warmup_steps=5 if args.quick else 10,
+    )
+    config = BenchConfig(
+        out_dir=_out_dir(args.out),
+        load=args.load,
+        requests=requests,
+        bg=args.bg,
+        case_a="custom" if args.case_a_fn else args.case_a,
+        scenarios=scenarios,
+        repeats=args.repeats,
+        seed=args.seed,
+        quick=args.quick,
+        calibrate_requests=100 if args.quick else 200,
+        workloads=workloads,
+        nvml=not args.no_nvml,
+        command=shlex.join(["gpreempt", *sys.argv[1:]]),
+    )
+    results = run_bench(config)
+    _print_summary(results, config.out_dir)
+    return 0
+
+
+def _print_summary(results: dict, out_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="gpreempt bench (Case-A P99 ratio: lower is better, 1.0 = as alone)")
+    for column in ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "system"):
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+
+    def fmt(value: object, digits: int = 2) -> str:
+        return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
+
+    for name, row in results["scenarios"].items():
+        latency = row.get("a_latency_ms") or {}
+        table.add_row(
+            name,
+            "yes" if row.get("valid") else "NO",
+            fmt(latency.get("p99"), 3),
+            fmt(row.get("a_p99_ratio")),
+            fmt(row.get("b_kept")),
+            fmt(row.get("system_throughput")),
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")

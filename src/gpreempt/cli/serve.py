@@ -1,0 +1,64 @@
+"""``gpreempt serve``: run the node daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import resolve_runtime_dir
+from . import add_runtime_dir
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..policy import POLICIES
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the node daemon (in the foreground)",
+        description=(
+            "Run the node daemon: it keeps the registry of tasks per GPU and suspends less "
+            "important tasks while a more important one on the same GPU is active. "
+            "SIGTERM or Ctrl-C resumes every suspended task, then exits."
+        ),
+    )
+    add_runtime_dir(parser)
+    parser.add_argument(
+        "--policy",
+        default="hpf",
+        choices=sorted(POLICIES),
+        help="scheduling policy (default: hpf = strict priority)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT",
+    )
+    parser.add_argument(
+        "--lock-timeout-ms",
+        type=int,
+        metavar="MS",
+        help="how long a driver lock may wait for a task's queued work (default 5000)",
+    )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="(root only) let every user's processes register; each still acts only on its own",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..daemon.server import Daemon
+
+    daemon = Daemon(
+        resolve_runtime_dir(args.runtime_dir),
+        policy=args.policy,
+        shared=args.shared,
+        metrics_port=args.metrics_port,
+        lock_timeout_ms=args.lock_timeout_ms,
+        log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
+    )
+    daemon.start()
+    daemon.serve_forever()
+    return 0

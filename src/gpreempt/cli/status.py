@@ -1,0 +1,75 @@
+"""``gpreempt status``: every task per GPU, with its state and preemption counters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..client.connection import DaemonClient
+from . import add_runtime_dir
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="show tasks per GPU with state and preemption counters",
+        description="Show every registered task per GPU: pid, name, priority, state, "
+        "mechanism, preemptions, total time suspended, last suspend latency.",
+    )
+    add_runtime_dir(parser)
+    parser.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with DaemonClient.connect(args.runtime_dir) as client:
+        reply = client.status()
+    if args.json:
+        reply.pop("ok", None)
+        print(json.dumps(reply, indent=2))
+        return 0
+    print_status(reply)
+    return 0
+
+
+def print_status(reply: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    daemon = reply["daemon"]
+    console.print(
+        f"daemon pid {daemon['pid']}, policy {daemon['policy']}, {daemon['runtime_dir']}"
+        + ("" if daemon.get("lock_available") else "  (driver lock unavailable: signal/gate only)")
+    )
+    tasks = reply["tasks"]
+    if not tasks:
+        console.print("no tasks registered")
+        return
+    gpus = sorted({g for t in tasks for g in t["gpus"]})
+    for gpu in gpus:
+        table = Table(title=f"GPU {gpu}", title_justify="left")
+        for column in ("pid", "name", "priority", "state", "active", "mechanism"):
+            table.add_column(column)
+        for column in ("preemptions", "suspended s", "last suspend ms"):
+            table.add_column(column, justify="right")
+        for task in sorted(tasks, key=lambda t: -t["priority"]):
+            if gpu not in task["gpus"]:
+                continue
+            last = task["last_suspend_ms"]
+            mechanism = task["mechanism"]
+            if task["last_mechanism"] and task["last_mechanism"] != mechanism:
+                mechanism += f" ({task['last_mechanism']})"
+            table.add_row(
+                str(task["pid"]),
+                task["name"],
+                task["priority_name"],
+                task["state"],
+                "yes" if task["active"] else "no",
+                mechanism,
+                str(task["preemptions"]),
+                f"{task['suspended_seconds']:.3f}",
+                "-" if last is None else f"{last:.3f}",
+            )
+        console.print(table)

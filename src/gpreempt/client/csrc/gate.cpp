@@ -1,0 +1,797 @@
+// The in-process launch gate of gpreempt: a global RecordFunction callback that runs before
+// every PyTorch operator of the process.
+//
+// Per operator (the fast path) it does one atomic add and two plain loads: the process's launch
+// counter, the control block's gate_closed word and the activity flag. No syscall, no lock.
+// Everything else happens on rare slow paths:
+//   * the gate is closed: wait (spin briefly, then sleep per poll) until the daemon opens it;
+//   * every `segment` launches: record a CUDA event on the current stream, retire completed
+//     events (learning GPU time per launch from their timestamps), and if the work in flight
+//     exceeds the window, wait for the oldest event;
+//   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
+//     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time.
+//
+// Device work goes through c10's device-generic DeviceGuardImplInterface (CUDA and ROCm builds
+// register theirs under DeviceType::CUDA), so this file needs no CUDA headers and builds
+// against any PyTorch, CPU-only included. With a CPU-only PyTorch the gate still counts launches
+// and honours gate_closed; it records no events.
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <ATen/record_function.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GATE_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define GATE_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define GATE_CPU_RELAX() \
+  do {                   \
+  } while (0)
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// Control block offsets (see gpreempt/control.py).
+constexpr size_t kOffGateClosed = 0;
+constexpr size_t kOffGeneration = 4;
+constexpr size_t kOffAutoActive = 12;
+constexpr size_t kOffLaunches = 16;
+constexpr size_t kOffWaits = 24;
+constexpr size_t kOffWaitNs = 32;
+constexpr size_t kOffWindow = 40;
+constexpr size_t kOffInstalled = 44;
+
+enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
+
+// Feature detection: newer PyTorch versions add these to the generic device interface.
+template <class T, class = void>
+struct HasIsStreamCapturing : std::false_type {};
+template <class T>
+struct HasIsStreamCapturing<T,
+                            std::void_t<decltype(std::declval<const T&>().isStreamCapturing(
+                                std::declval<const c10::Stream&>()))>> : std::true_type {};
+
+template <class T, class = void>
+struct HasElapsedTime : std::false_type {};
+template <class T>
+struct HasElapsedTime<T, std::void_t<decltype(std::declval<const T&>().elapsedTime(
+                             std::declval<void*>(), std::declval<void*>(),
+                             std::declval<c10::DeviceIndex>()))>> : std::true_type {};
+
+template <class T>
+bool stream_capturing(const T* impl, const c10::Stream& stream) {
+  if constexpr (HasIsStreamCapturing<T>::value) {
+    return impl->isStreamCapturing(stream);
+  } else {
+    return false;  // the Python side counts captures begun through torch.cuda.CUDAGraph
+  }
+}
+
+template <class T>
+double elapsed_ms(const T* impl, void* first, void* second, c10::DeviceIndex device) {
+  if constexpr (HasElapsedTime<T>::value) {
+    return impl->elapsedTime(first, second, device);
+  } else {
+    return -1.0;
+  }
+}
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void sleep_ns(int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+// Releases the GIL for a blocking wait if this thread holds it, and takes it back at the end of
+// the scope. Most operators called from Python already run without the GIL; a few do not, and
+// blocking them with the GIL held would stop every other Python thread of the process,
+// including one that might be about to open the gate.
+class MaybeNoGil {
+ public:
+  MaybeNoGil() = default;
+  MaybeNoGil(const MaybeNoGil&) = delete;
+  MaybeNoGil& operator=(const MaybeNoGil&) = delete;
+  void release() {
+    if (state_ == nullptr && Py_IsInitialized() && PyGILState_Check()) {
+      state_ = PyEval_SaveThread();
+    }
+  }
+  ~MaybeNoGil() {
+    if (state_ != nullptr) {
+      PyEval_RestoreThread(state_);
+    }
+  }
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+struct Config {
+  bool bound = true;
+  bool auto_activity = false;
+  uint64_t tight_segment = 32;      // launches per event while the window is tight
+  uint64_t open_segment = 128;      // launches per event while it is open
+  uint64_t tight_launches = 128;    // launches in flight at most while tight
+  uint64_t open_launches = 4096;    // ... while open
+  double tight_window_ms = 1.0;     // estimated GPU time in flight at most while tight (<=0: off)
+  double open_window_ms = 25.0;     // ... while open
+  double hold_ms = 1000.0;          // stay tight this long after the gate was last closed
+  int mode = kAdaptive;
+  double idle_grace_ms = 2.0;
+  double poll_us = 30.0;            // sleep per poll of a closed gate
+};
+
+struct Pending {
+  void* event;
+  uint64_t begin;  // launch count when the previous event was recorded
+  uint64_t mark;   // launch count when this one was
+  c10::Stream stream;
+};
+
+struct KnownStream {
+  c10::Stream stream;
+  void* tail = nullptr;  // reusable event for drain and idle detection
+};
+
+struct GateState {
+  Config cfg;
+  uint8_t* ctl = nullptr;
+  int doorbell = -1;
+  const c10::impl::DeviceGuardImplInterface* impl = nullptr;  // CUDA/ROCm, or null
+
+  std::atomic<bool> uninstalled{false};
+  std::atomic<bool> device_live{false};
+  std::atomic<int> captures{0};
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> next_mark{0};
+  std::atomic<uint64_t> waits{0};
+  std::atomic<uint64_t> wait_ns{0};
+  std::atomic<uint64_t> bound_waits{0};
+  std::atomic<uint64_t> bound_wait_ns{0};
+  std::atomic<uint64_t> events_recorded{0};
+  std::atomic<uint32_t> active{0};
+  std::atomic<uint64_t> activations{0};
+  std::atomic<int64_t> last_closed_ns{std::numeric_limits<int64_t>::min() / 2};
+  std::atomic<uint32_t> window{0};
+  std::atomic<bool> tight_now{false};
+  uint32_t seen_generation = 0;  // guarded by mu
+
+  std::mutex mu;  // guards everything below, and all event calls
+  std::deque<Pending> fifo;
+  std::vector<std::pair<c10::DeviceIndex, void*>> free_events;
+  bool have_done = false;
+  Pending done{nullptr, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
+  double ns_per_launch = 0.0;  // learned GPU time per launch, 0 = unknown
+  std::vector<KnownStream> streams;
+  std::string error;
+
+  std::mutex publish_mu;
+  std::mutex bg_mu;
+  std::condition_variable bg_cv;
+  bool bg_stop = false;
+  std::thread bg;
+};
+
+std::atomic<GateState*> g_gate{nullptr};
+std::atomic<bool> g_in_child{false};
+at::CallbackHandle g_handle = 0;
+bool g_atfork_registered = false;
+
+// --- control block access: plain atomic loads and stores on the shared mapping -------------
+inline uint32_t load32(const uint8_t* base, size_t off) {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
+}
+inline void store32(uint8_t* base, size_t off, uint32_t v) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+inline void store64(uint8_t* base, size_t off, uint64_t v) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+
+void ring(GateState* g) {
+  if (g->doorbell < 0) {
+    return;
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(g->doorbell, &one, sizeof(one));  // EAGAIN: it is ringing already
+  (void)ignored;
+}
+
+// Writes the activity flag as it is now; whoever changed it last publishes last.
+void publish_activity(GateState* g) {
+  std::lock_guard<std::mutex> lock(g->publish_mu);
+  store32(g->ctl, kOffAutoActive, g->active.load());
+  ring(g);
+}
+
+void note_error(GateState* g, const char* where, const std::exception& e) {
+  // Called with mu held. The gate keeps honouring gate_closed; it stops using events.
+  g->failed.store(true);
+  g->error = std::string(where) + ": " + e.what();
+}
+
+bool device_usable(GateState* g) {
+  return g->impl != nullptr && g->device_live.load(std::memory_order_relaxed) &&
+         !g->failed.load(std::memory_order_relaxed) &&
+         g->captures.load(std::memory_order_relaxed) == 0;
+}
+
+bool is_tight(GateState* g, int64_t now) {
+  switch (g->cfg.mode) {
+    case kTight:
+      return true;
+    case kOpen:
+      return false;
+    default:
+      return now - g->last_closed_ns.load(std::memory_order_relaxed) <
+             static_cast<int64_t>(g->cfg.hold_ms * 1e6);
+  }
+}
+
+// --- events (all with mu held) ----------------------------------------------------------------
+void* take_event(GateState* g, c10::DeviceIndex device) {
+  for (size_t i = g->free_events.size(); i-- > 0;) {
+    if (g->free_events[i].first == device) {
+      void* ev = g->free_events[i].second;
+      g->free_events.erase(g->free_events.begin() + static_cast<std::ptrdiff_t>(i));
+      return ev;
+    }
+  }
+  return nullptr;  // record() creates one
+}
+
+void give_event(GateState* g, void* ev, c10::DeviceIndex device) {
+  if (ev != nullptr) {
+    g->free_events.emplace_back(device, ev);
+  }
+}
+
+// An event completed: learn GPU time per launch from the previous completed one on its stream.
+void retire_front(GateState* g) {
+  Pending p = g->fifo.front();
+  g->fifo.pop_front();
+  if (g->have_done && g->done.stream == p.stream && p.mark > g->done.mark) {
+    double ms = -1.0;
+    try {
+      ms = elapsed_ms(g->impl, g->done.event, p.event, p.stream.device_index());
+    } catch (const std::exception&) {
+      ms = -1.0;  // no timestamp (the backend disables timing): count bound only
+    }
+    if (ms >= 0.0) {
+      double per = ms * 1e6 / static_cast<double>(p.mark - g->done.mark);
+      g->ns_per_launch = g->ns_per_launch <= 0.0 ? per : 0.8 * g->ns_per_launch + 0.2 * per;
+    }
+  }
+  if (g->have_done) {
+    give_event(g, g->done.event, g->done.stream.device_index());
+  }
+  g->done = p;
+  g->have_done = true;
+}
+
+void reap(GateState* g) {
+  while (!g->fifo.empty() && g->impl->queryEvent(g->fifo.front().event)) {
+    retire_front(g);
+  }
+}
+
+void wait_event(GateState* g, void* ev, MaybeNoGil& nogil) {
+  for (int i = 0; i < 64; ++i) {
+    if (g->impl->queryEvent(ev)) {
+      return;
+    }
+    GATE_CPU_RELAX();
+  }
+  nogil.release();
+  g->impl->synchronizeEvent(ev);
+}
+
+void remember_stream(GateState* g, const c10::Stream& s) {
+  for (const auto& k : g->streams) {
+    if (k.stream == s) {
+      return;
+    }
+  }
+  if (g->streams.size() >= 16) {
+    // forget the oldest (its tail event has no timing: it cannot join the timed pool)
+    if (g->streams.front().tail != nullptr) {
+      g->impl->destroyEvent(g->streams.front().tail, g->streams.front().stream.device_index());
+    }
+    g->streams.erase(g->streams.begin());
+  }
+  g->streams.push_back(KnownStream{s, nullptr});
+}
+
+// Records a tail event on every stream the process launched on; returns false if it could not.
+bool record_tails(GateState* g) {
+  for (auto& k : g->streams) {
+    if (stream_capturing(g->impl, k.stream)) {
+      return false;
+    }
+    g->impl->record(&k.tail, k.stream, k.stream.device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+  }
+  return true;
+}
+
+bool tails_done(GateState* g) {
+  for (auto& k : g->streams) {
+    if (k.tail != nullptr && !g->impl->queryEvent(k.tail)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// --- slow paths -------------------------------------------------------------------------------
+void wait_open(GateState* g) {
+  if (g->captures.load(std::memory_order_relaxed) > 0) {
+    return;  // an operator being captured into a graph launches nothing now
+  }
+  MaybeNoGil nogil;
+  nogil.release();
+  const int64_t start = now_ns();
+  g->last_closed_ns.store(start, std::memory_order_relaxed);
+  store64(g->ctl, kOffWaits, g->waits.fetch_add(1) + 1);
+  const int64_t poll = static_cast<int64_t>(g->cfg.poll_us * 1000.0);
+  int64_t last_reap = start;
+  for (int spins = 0; load32(g->ctl, kOffGateClosed) != 0;) {
+    if (g->uninstalled.load(std::memory_order_relaxed)) {
+      break;
+    }
+    if (spins < 256) {
+      ++spins;
+      GATE_CPU_RELAX();
+      continue;
+    }
+    const int64_t now = now_ns();
+    if (now - last_reap > 1000000 && device_usable(g)) {
+      // retire what completed meanwhile, so the window restarts from what is really in flight
+      last_reap = now;
+      std::unique_lock<std::mutex> lock(g->mu, std::try_to_lock);
+      if (lock.owns_lock()) {
+        try {
+          reap(g);
+        } catch (const std::exception& e) {
+          note_error(g, "query", e);
+        }
+      }
+    }
+    sleep_ns(poll);
+  }
+  const int64_t end = now_ns();
+  g->last_closed_ns.store(end, std::memory_order_relaxed);
+  store64(g->ctl, kOffWaitNs, g->wait_ns.fetch_add(end - start) + (end - start));
+}
+
+void mark_active(GateState* g) {
+  if (g->active.exchange(1) == 0) {
+    g->activations.fetch_add(1, std::memory_order_relaxed);
+    publish_activity(g);
+    {
+      std::lock_guard<std::mutex> lock(g->bg_mu);
+    }
+    g->bg_cv.notify_one();
+  }
+}
+
+// Every `segment` launches: record an event, retire completed ones, enforce the window.
+// `force`: run even if another thread already took this segment (to learn the stream now).
+void segment(GateState* g, uint64_t n, bool force) {
+  MaybeNoGil nogil;
+  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
+  if (!lock.try_lock()) {
+    nogil.release();
+    lock.lock();
+  }
+  if (!force && n < g->next_mark.load(std::memory_order_relaxed)) {
+    return;  // another thread took this segment
+  }
+  const int64_t now = now_ns();
+  const uint32_t generation = load32(g->ctl, kOffGeneration);
+  if (generation != g->seen_generation) {
+    // the daemon changed the gate since we last looked: someone more important is around
+    g->seen_generation = generation;
+    g->last_closed_ns.store(now, std::memory_order_relaxed);
+  }
+  const bool tight = is_tight(g, now);
+  g->tight_now.store(tight, std::memory_order_relaxed);
+  g->next_mark.store(n + (tight ? g->cfg.tight_segment : g->cfg.open_segment),
+                     std::memory_order_relaxed);
+  store64(g->ctl, kOffLaunches, n);
+  if (!device_usable(g)) {
+    return;
+  }
+  try {
+    const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+    if (stream_capturing(g->impl, stream)) {
+      return;
+    }
+    remember_stream(g, stream);
+    if (!g->cfg.bound) {
+      return;
+    }
+    const uint64_t begin = g->fifo.empty() ? (g->have_done ? g->done.mark : n) : g->fifo.back().mark;
+    void* ev = take_event(g, stream.device_index());
+    g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
+    g->fifo.push_back(Pending{ev, begin, n, stream});
+    g->events_recorded.fetch_add(1, std::memory_order_relaxed);
+    reap(g);
+
+    const uint64_t by_count = tight ? g->cfg.tight_launches : g->cfg.open_launches;
+    const double window_ms = tight ? g->cfg.tight_window_ms : g->cfg.open_window_ms;
+    uint64_t window = by_count;
+    if (window_ms > 0.0 && g->ns_per_launch > 0.0) {
+      const double by_time = window_ms * 1e6 / g->ns_per_launch;
+      if (by_time < static_cast<double>(window)) {
+        window = static_cast<uint64_t>(by_time);
+      }
+    }
+    if (tight && window / 2 < g->cfg.tight_segment) {
+      // a window of few (long) launches: record events more often so the bound holds at the
+      // granularity it asks for, and the GPU always has the other half queued
+      g->next_mark.store(n + std::max<uint64_t>(1, window / 2), std::memory_order_relaxed);
+    }
+    g->window.store(static_cast<uint32_t>(std::min<uint64_t>(window, UINT32_MAX)),
+                    std::memory_order_relaxed);
+    store32(g->ctl, kOffWindow, g->window.load(std::memory_order_relaxed));
+    int64_t waited_from = 0;
+    while (!g->fifo.empty() && n - g->fifo.front().begin > window) {
+      if (waited_from == 0) {
+        waited_from = now_ns();
+      }
+      wait_event(g, g->fifo.front().event, nogil);
+      retire_front(g);
+    }
+    if (waited_from != 0) {
+      g->bound_waits.fetch_add(1, std::memory_order_relaxed);
+      g->bound_wait_ns.fetch_add(now_ns() - waited_from, std::memory_order_relaxed);
+    }
+  } catch (const std::exception& e) {
+    note_error(g, "event", e);
+  }
+}
+
+inline void before_launch(GateState* g) {
+  const uint64_t n = g->launches.fetch_add(1) + 1;
+  if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0)) {
+    wait_open(g);
+  }
+  if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
+    mark_active(g);
+    segment(g, n, true);  // learn the stream now: a short burst may never reach a segment boundary
+    return;
+  }
+  if (C10_UNLIKELY(n >= g->next_mark.load(std::memory_order_relaxed))) {
+    segment(g, n, false);
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& /*fn*/) {
+  GateState* g = g_gate.load(std::memory_order_acquire);
+  if (C10_LIKELY(g != nullptr) && !g_in_child.load(std::memory_order_relaxed)) {
+    before_launch(g);
+  }
+  return nullptr;
+}
+
+// --- automatic activity: the background thread that notices idleness ----------------------------
+void activity_loop(GateState* g) {
+  const int64_t grace = static_cast<int64_t>(g->cfg.idle_grace_ms * 1e6);
+  const int64_t poll = std::max<int64_t>(50000, std::min<int64_t>(grace / 4, 500000));
+  bool device_set = false;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(g->bg_mu);
+      g->bg_cv.wait_for(lock, std::chrono::milliseconds(200),
+                        [g] { return g->bg_stop || g->active.load() != 0; });
+      if (g->bg_stop) {
+        return;
+      }
+      if (g->active.load() == 0) {
+        continue;
+      }
+    }
+    uint64_t seen = g->launches.load();
+    int64_t quiet_since = 0;     // when the GPU was first seen done with everything up to `seen`
+    bool tails_recorded = false;
+    while (!g->uninstalled.load()) {
+      sleep_ns(poll);
+      const uint64_t now_launches = g->launches.load();
+      if (now_launches != seen) {
+        seen = now_launches;
+        quiet_since = 0;
+        tails_recorded = false;
+        continue;
+      }
+      bool done = true;
+      if (device_usable(g)) {
+        std::lock_guard<std::mutex> lock(g->mu);
+        try {
+          if (!g->streams.empty()) {
+            if (!device_set) {
+              // so that restoring "the previous device" after a record never touches device 0
+              g->impl->setDevice(g->streams.front().stream.device());
+              device_set = true;
+            }
+            if (!tails_recorded) {
+              tails_recorded = record_tails(g);
+            }
+            done = tails_recorded && tails_done(g);
+            if (done) {
+              reap(g);
+            }
+          }
+        } catch (const std::exception& e) {
+          note_error(g, "activity", e);
+        }
+      }
+      if (!done) {
+        quiet_since = 0;
+        continue;
+      }
+      const int64_t now = now_ns();
+      if (quiet_since == 0) {
+        quiet_since = now;
+      }
+      if (now - quiet_since < grace) {
+        continue;
+      }
+      // Idle. Clear the flag, then check no launch slipped in meanwhile (it would have seen
+      // the flag still set and not published anything).
+      g->active.store(0);
+      if (g->launches.load() != seen) {
+        g->active.exchange(1);
+        seen = g->launches.load();
+        quiet_since = 0;
+        tails_recorded = false;
+        continue;
+      }
+      publish_activity(g);
+      break;
+    }
+    if (g->uninstalled.load()) {
+      return;
+    }
+  }
+}
+
+// --- fork safety --------------------------------------------------------------------------------
+void after_fork_in_child() {
+  // A forked child (a DataLoader worker) has neither the parent's CUDA context nor its
+  // background thread; the gate stays out of its way for good.
+  g_in_child.store(true);
+}
+
+// --- the module's functions ----------------------------------------------------------------------
+void install(uintptr_t control_address, int doorbell, bool bound, bool auto_activity,
+             uint64_t tight_segment, uint64_t open_segment, uint64_t tight_launches,
+             uint64_t open_launches, double tight_window_ms, double open_window_ms,
+             double hold_ms, int mode, double idle_grace_ms, double poll_us, bool device_live) {
+  if (g_gate.load() != nullptr) {
+    throw std::runtime_error("the launch gate is already installed in this process");
+  }
+  if (g_in_child.load()) {
+    throw std::runtime_error("the launch gate cannot be installed in a forked child");
+  }
+  auto* g = new GateState();  // never freed: an operator on another thread may still read it
+  g->cfg.bound = bound;
+  g->cfg.auto_activity = auto_activity;
+  g->cfg.tight_segment = std::max<uint64_t>(1, tight_segment);
+  g->cfg.open_segment = std::max<uint64_t>(1, open_segment);
+  g->cfg.tight_launches = std::max<uint64_t>(1, tight_launches);
+  g->cfg.open_launches = std::max<uint64_t>(1, open_launches);
+  g->cfg.tight_window_ms = tight_window_ms;
+  g->cfg.open_window_ms = open_window_ms;
+  g->cfg.hold_ms = hold_ms;
+  g->cfg.mode = mode;
+  g->cfg.idle_grace_ms = idle_grace_ms;
+  g->cfg.poll_us = poll_us;
+  g->ctl = reinterpret_cast<uint8_t*>(control_address);
+  g->doorbell = doorbell;
+  if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    g->impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  }
+  g->device_live.store(device_live && g->impl != nullptr);
+  g->seen_generation = load32(g->ctl, kOffGeneration);
+  g->next_mark.store(g->cfg.tight_segment);
+  store32(g->ctl, kOffWindow, static_cast<uint32_t>(std::min<uint64_t>(g->cfg.tight_launches,
+                                                                        UINT32_MAX)));
+  if (auto_activity) {
+    g->bg = std::thread(activity_loop, g);
+  }
+  if (!g_atfork_registered) {
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    g_atfork_registered = true;
+  }
+  g_gate.store(g, std::memory_order_release);
+  g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_operator)
+                                       .needsInputs(false)
+                                       .needsOutputs(false)
+                                       .needsIds(false)
+                                       .scopes({at::RecordScope::FUNCTION}));
+  store32(g->ctl, kOffInstalled, 1);
+}
+
+void uninstall() {
+  GateState* g = g_gate.exchange(nullptr);
+  if (g == nullptr) {
+    return;
+  }
+  if (g_handle != 0) {
+    at::removeCallback(g_handle);
+    g_handle = 0;
+  }
+  g->uninstalled.store(true);
+  store32(g->ctl, kOffInstalled, 0);
+  if (g_in_child.load()) {
+    return;  // the parent's thread and events do not exist here
+  }
+  if (g->bg.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(g->bg_mu);
+      g->bg_stop = true;
+    }
+    g->bg_cv.notify_one();
+    g->bg.join();
+  }
+  if (g->active.exchange(0) != 0) {
+    publish_activity(g);
+  }
+  std::lock_guard<std::mutex> lock(g->mu);
+  if (g->impl != nullptr && !g->failed.load()) {
+    try {
+      auto destroy = [g](void* ev, c10::DeviceIndex d) {
+        if (ev != nullptr) {
+          g->impl->destroyEvent(ev, d);
+        }
+      };
+      for (auto& p : g->fifo) destroy(p.event, p.stream.device_index());
+      for (auto& e : g->free_events) destroy(e.second, e.first);
+      for (auto& k : g->streams) destroy(k.tail, k.stream.device_index());
+      if (g->have_done) destroy(g->done.event, g->done.stream.device_index());
+    } catch (const std::exception&) {
+      // the context may be gone at interpreter exit; nothing to give back then
+    }
+  }
+  g->fifo.clear();
+  g->free_events.clear();
+  g->streams.clear();
+  g->have_done = false;
+}
+
+GateState* current() {
+  GateState* g = g_gate.load();
+  if (g == nullptr) {
+    throw std::runtime_error("the launch gate is not installed");
+  }
+  return g;
+}
+
+void drain() {
+  GateState* g = g_gate.load();
+  if (g == nullptr || g_in_child.load() || !device_usable(g)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g->mu);
+  try {
+    if (!record_tails(g)) {
+      return;
+    }
+    for (auto& k : g->streams) {
+      if (k.tail != nullptr) {
+        g->impl->synchronizeEvent(k.tail);
+      }
+    }
+    reap(g);
+  } catch (const std::exception& e) {
+    note_error(g, "drain", e);
+  }
+}
+
+py::dict stats() {
+  py::dict d;
+  GateState* g = g_gate.load();
+  d["installed"] = g != nullptr;
+  if (g == nullptr) {
+    return d;
+  }
+  d["launches"] = g->launches.load();
+  d["waits"] = g->waits.load();
+  d["wait_seconds"] = static_cast<double>(g->wait_ns.load()) / 1e9;
+  d["bound_waits"] = g->bound_waits.load();
+  d["bound_wait_seconds"] = static_cast<double>(g->bound_wait_ns.load()) / 1e9;
+  d["events_recorded"] = g->events_recorded.load();
+  d["window"] = g->window.load();
+  d["tight"] = g->tight_now.load();
+  d["auto_active"] = g->active.load() != 0;
+  d["activations"] = g->activations.load();
+  d["device_live"] = g->device_live.load();
+  d["captures"] = g->captures.load();
+  size_t in_flight = 0;
+  size_t streams = 0;
+  double ns_per_launch = 0.0;
+  std::string error;
+  if (!g_in_child.load()) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(g->mu);
+    in_flight = g->fifo.size();
+    streams = g->streams.size();
+    ns_per_launch = g->ns_per_launch;
+    error = g->error;
+  }
+  d["events_in_flight"] = in_flight;
+  d["streams"] = streams;
+  d["us_per_launch"] = ns_per_launch / 1e3;
+  d["error"] = error.empty() ? py::object(py::none()) : py::object(py::str(error));
+  d["forked_child"] = g_in_child.load();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "gpreempt's in-process launch gate (a RecordFunction callback)";
+  m.def("install", &install);
+  m.def("uninstall", &uninstall, py::call_guard<py::gil_scoped_release>());
+  m.def("drain", &drain, py::call_guard<py::gil_scoped_release>());
+  m.def("stats", &stats);
+  m.def("set_device_live", [](bool live) {
+    GateState* g = g_gate.load();
+    if (g != nullptr) {
+      g->device_live.store(live && g->impl != nullptr);
+    }
+  });
+  m.def("capture_begin", []() {
+    GateState* g = g_gate.load();
+    if (g != nullptr) {
+      g->captures.fetch_add(1);
+    }
+  });
+  m.def("capture_end", []() {
+    GateState* g = g_gate.load();
+    if (g != nullptr && g->captures.load() > 0) {
+      g->captures.fetch_sub(1);
+    }
+  });
+  m.def("before_launch", []() {
+    // for launches RecordFunction does not see (CUDA graph replays)
+    GateState* g = g_gate.load();
+    if (g != nullptr && !g_in_child.load()) {
+      before_launch(g);
+    }
+  });
+  m.def("in_forked_child", []() { return g_in_child.load(); });
+}

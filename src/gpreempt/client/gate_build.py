@@ -1,0 +1,128 @@
+"""Building and loading the launch gate's small C++ extension.
+
+The gate's per-operator hook must cost well under a microsecond, which only native code can do
+(a Python hook per operator halves a training job's throughput). The extension is one C++ file
+compiled against the installed PyTorch on first use with ``torch.utils.cpp_extension.load``
+(about 20-60 s, once) and cached per user, keyed by the source, PyTorch and Python versions:
+
+* ``$GPREEMPT_CACHE_DIR/torch_extensions/<name>`` if set, else
+* ``$XDG_CACHE_HOME/gpreempt/torch_extensions/<name>`` (``~/.cache/gpreempt/...``).
+
+Build it ahead of time (for example in a container image) with
+``python -m gpreempt.client.gate_build``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).parent / "csrc" / "gate.cpp"
+ENV_CACHE_DIR = "GPREEMPT_CACHE_DIR"
+
+_loaded: ModuleType | None = None
+
+
+class NativeGateUnavailable(RuntimeError):
+    """The C++ gate cannot be built or loaded here; the message says why."""
+
+
+def cache_root() -> Path:
+    """The per-user directory that holds built extensions."""
+    explicit = os.environ.get(ENV_CACHE_DIR)
+    if explicit:
+        return Path(explicit) / "torch_extensions"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "gpreempt" / "torch_extensions"
+
+
+def extension_name() -> str:
+    """A name unique to this source, PyTorch build and Python version."""
+    import torch
+
+    digest = hashlib.sha256()
+    digest.update(SOURCE.read_bytes())
+    digest.update(torch.__version__.encode())
+    digest.update(str(getattr(torch.version, "cuda", None)).encode())
+    digest.update(str(getattr(torch.version, "hip", None)).encode())
+    digest.update(sys.version.encode())
+    return "gpreempt_gate_" + digest.hexdigest()[:16]
+
+
+def _check_toolchain() -> None:
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise NativeGateUnavailable(
+            f"no C++ compiler ({compiler!r} is not on PATH); install g++ (or set CXX)"
+        )
+    if not cpp_extension.is_ninja_available():
+        raise NativeGateUnavailable("ninja is not installed; `pip install ninja`")
+
+
+def load_native(*, verbose: bool = False) -> ModuleType:
+    """Build (once per user and PyTorch version) and import the extension.
+
+    Prints one line to stderr when it has to compile. Raises NativeGateUnavailable with the
+    reason when it cannot.
+    """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    try:
+        import torch  # noqa: F401
+        from torch.utils import cpp_extension
+    except ImportError as exc:
+        raise NativeGateUnavailable(f"PyTorch is not importable: {exc}") from None
+    name = extension_name()
+    build_dir = cache_root() / name
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise NativeGateUnavailable(
+            f"cannot create the build directory {build_dir}: {exc}"
+        ) from None
+    built = build_dir / f"{name}.so"
+    if not built.exists():
+        _check_toolchain()
+        print(
+            f"gpreempt: building the launch gate extension in {build_dir} (once, about 30 s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        module = cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O2"],
+            build_directory=str(build_dir),
+            with_cuda=False,
+            verbose=verbose,
+        )
+    except Exception as exc:  # compiler errors come as RuntimeError/CalledProcessError
+        raise NativeGateUnavailable(
+            f"building the launch gate extension failed ({type(exc).__name__}: {exc}); "
+            f"see the build log in {build_dir}"
+        ) from None
+    _loaded = module
+    return module
+
+
+def main() -> int:
+    """Build the extension now (``python -m gpreempt.client.gate_build``)."""
+    try:
+        module = load_native(verbose="-v" in sys.argv[1:])
+    except NativeGateUnavailable as exc:
+        print(f"gpreempt: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpreempt: launch gate extension ready: {module.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

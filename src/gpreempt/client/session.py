@@ -1,0 +1,123 @@
+"""The process-wide client: one channel to the daemon, shared by request(), the gate and yield.
+
+A process gets a session when it runs under ``gpreempt run`` (the launcher puts the task id
+and runtime directory in its environment) or calls :func:`gpreempt.attach`. Without one,
+``request()`` and ``should_yield()`` cost a dictionary lookup and do nothing, so libraries
+can call them unconditionally.
+
+If the daemon goes away, the session opens its own gate at once: nothing stays blocked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID
+from ..control import ControlBlock
+from ..errors import DaemonUnavailable, GpreemptError
+from ..protocol import ProtocolError
+from .connection import DaemonClient
+
+
+class Session:
+    """A live channel: the control block shared with the daemon and the request count."""
+
+    def __init__(self, client: DaemonClient, control: ControlBlock, reply: dict[str, Any]) -> None:
+        self.client = client
+        self.control = control
+        self.task_id: int = reply["task_id"]
+        self.name: str = reply["name"]
+        self.priority: int = reply["priority"]
+        self.mechanism: str = reply["mechanism"]
+        self.connected = True
+        self.gate: Any = None
+        self._requests = 0
+        self._lock = threading.Lock()
+        self._watcher = threading.Thread(target=self._watch, name="gpreempt-session", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Wait for the daemon to close the connection; then open our own gate."""
+        sock = self.client.connection.sock
+        sock.settimeout(None)
+        try:
+            while sock.recv(4096):
+                pass
+        except OSError:
+            pass
+        self.connected = False
+        try:
+            self.control.set_gate(False)
+        except ValueError:
+            pass  # the block was closed during interpreter shutdown
+
+    def enter_request(self) -> None:
+        with self._lock:
+            self._requests += 1
+            if self._requests == 1:
+                self.control.set_requests(1)
+
+    def exit_request(self) -> None:
+        with self._lock:
+            self._requests -= 1
+            if self._requests == 0:
+                self.control.set_requests(0)
+
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+_tried_env = False
+
+
+def current() -> Session | None:
+    """The process's session, opening it from the environment on first use (``gpreempt run``)."""
+    global _tried_env
+    if _session is not None or _tried_env:
+        return _session
+    with _session_lock:
+        if _session is None and not _tried_env:
+            _tried_env = True
+            if os.environ.get(ENV_TASK_ID):
+                try:
+                    _open(os.environ.get(ENV_RUNTIME_DIR), register=None)
+                except GpreemptError:
+                    pass  # no daemon: run undisturbed, as if not under gpreempt
+    return _session
+
+
+def open_session(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
+    """Open the session explicitly (``gpreempt.attach``); returns the existing one if open."""
+    with _session_lock:
+        if _session is not None:
+            return _session
+        return _open(runtime_dir, register)
+
+
+def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
+    global _session
+    client = DaemonClient.connect(runtime_dir)
+    control = ControlBlock.create()
+    try:
+        fields: dict[str, Any] = {"register": register} if register else {}
+        reply = client.open_channel(control.memfd, control.doorbell, **fields)
+    except (GpreemptError, ProtocolError, OSError) as exc:
+        client.close()
+        control.close()
+        if isinstance(exc, GpreemptError):
+            raise
+        raise DaemonUnavailable(f"the daemon did not accept this process: {exc}") from None
+    _session = Session(client, control, reply)
+    return _session
+
+
+def _reset_after_fork() -> None:
+    """A forked child does not share its parent's channel; it opens its own if it needs one."""
+    global _session, _tried_env, _session_lock
+    _session = None
+    _tried_env = False
+    _session_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,111 @@
+"""The daemon's event log: one JSON object per line in ``<runtime_dir>/events.jsonl``.
+
+Each line has ``t`` (unix time), ``mono`` (monotonic time), ``gpu``, ``task``, ``task_id``,
+``pid``, ``event`` (registered, active, idle, suspend, resume, hold, release, evict, restore,
+exit, error), ``mechanism``, ``latency_ms`` (how long the mechanism's call took) and
+``reason``. Readers (``gpreempt events``, the bench) parse it line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+EVENT_KINDS = frozenset(
+    {
+        "registered",
+        "active",
+        "idle",
+        "suspend",
+        "resume",
+        "hold",
+        "release",
+        "evict",
+        "restore",
+        "exit",
+        "error",
+        "daemon-start",
+        "daemon-stop",
+    }
+)
+
+
+class EventLog:
+    """Appends events to the log file; each write is one line, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._file: IO[str] = os.fdopen(fd, "a", buffering=1)
+
+    def write(
+        self,
+        event: str,
+        *,
+        task: str | None = None,
+        task_id: int | None = None,
+        pid: int | None = None,
+        gpu: int | None = None,
+        mechanism: str | None = None,
+        latency_ms: float | None = None,
+        reason: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "t": time.time(),
+            "mono": time.monotonic(),
+            "gpu": gpu,
+            "task": task,
+            "task_id": task_id,
+            "pid": pid,
+            "event": event,
+            "mechanism": mechanism,
+            "latency_ms": None if latency_ms is None else round(latency_ms, 4),
+            "reason": reason,
+        }
+        record.update(extra)
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """The events in a log file, skipping lines that are not valid JSON objects."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def follow_events(path: Path, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
+    """Events as they are appended (like ``tail -f``), starting from the end of the file."""
+    while not path.exists():
+        time.sleep(poll_s)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        f.seek(0, os.SEEK_END)
+        partial = ""
+        while True:
+            chunk = f.readline()
+            if not chunk:
+                time.sleep(poll_s)
+                continue
+            partial += chunk
+            if not partial.endswith("\n"):
+                continue
+            line, partial = partial, ""
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record

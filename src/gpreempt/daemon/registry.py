@@ -1,0 +1,165 @@
+"""The daemon's tasks: what it knows of each registered process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NoSuchTask
+from ..mechanisms.base import Target
+from ..policy import TaskView
+from ..priority import priority_name
+
+if TYPE_CHECKING:
+    from ..control import ControlBlock
+
+
+@dataclass
+class Task:
+    """One registered process and its counters. Mutated only by the daemon's loop."""
+
+    task_id: int
+    pid: int
+    #: Process group to signal (set for tasks ``gpreempt run`` started in their own group).
+    pgid: int | None
+    start_time: int
+    uid: int
+    name: str
+    priority: int
+    gpus: tuple[int, ...]
+    #: Mechanism asked for: auto, gate, lock or signal.
+    mechanism: str
+    always_active: bool = False
+    timeslice_ms: float | None = None
+    min_share: float | None = None
+    #: Bytes of free GPU memory this task needs while active (memory preemption).
+    reserve_bytes: int = 0
+    #: Id of the connection whose closing ends the task (its launcher), if any.
+    owner: int | None = None
+    #: Control blocks of in-process clients, keyed by connection id.
+    controls: dict[int, ControlBlock] = field(default_factory=dict)
+    suspended: bool = False
+    #: Concrete mechanism that suspended it (resume with the same one).
+    suspended_with: str | None = None
+    suspended_since: float | None = None
+    held: bool = False
+    evicted: bool = False
+    evicted_bytes: int = 0
+    preemptions: int = 0
+    suspended_seconds: float = 0.0
+    last_suspend_ms: float | None = None
+    run_seconds: float = 0.0
+    was_active: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the task wants the GPU now."""
+        return self.always_active or any(c.is_active() for c in self.controls.values())
+
+    @property
+    def state(self) -> str:
+        if self.evicted:
+            return "evicted"
+        if self.held:
+            return "held"
+        return "suspended" if self.suspended else "running"
+
+    @property
+    def gpu(self) -> int:
+        """The first GPU, for events and metrics labels."""
+        return self.gpus[0] if self.gpus else 0
+
+    def target(self) -> Target:
+        control = next(iter(self.controls.values()), None)
+        return Target(pid=self.pid, pgid=self.pgid, control=control)
+
+    def view(self) -> TaskView:
+        return TaskView(
+            task_id=self.task_id,
+            priority=self.priority,
+            gpus=self.gpus,
+            active=self.active,
+            suspended=self.suspended,
+            held=self.held,
+            timeslice_ms=self.timeslice_ms,
+            min_share=self.min_share,
+            run_seconds=self.run_seconds,
+        )
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """The task as ``gpreempt status --json`` shows it."""
+        suspended_seconds = self.suspended_seconds
+        if self.suspended and self.suspended_since is not None:
+            suspended_seconds += now - self.suspended_since
+        gate = None
+        control = next(iter(self.controls.values()), None)
+        if control is not None:
+            stats = control.stats()
+            gate = {
+                "installed": stats.gate_installed,
+                "launches": stats.launches,
+                "waits": stats.waits,
+                "wait_seconds": round(stats.wait_seconds, 6),
+                "window": stats.window,
+                "requests": stats.requests,
+            }
+        return {
+            "task_id": self.task_id,
+            "pid": self.pid,
+            "name": self.name,
+            "priority": self.priority,
+            "priority_name": priority_name(self.priority),
+            "gpus": list(self.gpus),
+            "mechanism": self.mechanism,
+            "state": self.state,
+            "active": self.active,
+            "always_active": self.always_active,
+            "held": self.held,
+            "preemptions": self.preemptions,
+            "suspended_seconds": round(suspended_seconds, 6),
+            "last_suspend_ms": self.last_suspend_ms,
+            "last_mechanism": self.suspended_with,
+            "uid": self.uid,
+            "timeslice_ms": self.timeslice_ms,
+            "min_share": self.min_share,
+            "reserve_bytes": self.reserve_bytes,
+            "evicted_bytes": self.evicted_bytes,
+            "gate": gate,
+        }
+
+
+class Registry:
+    """Tasks by id, with lookup by name or pid."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[int, Task] = {}
+        self._next_id = 1
+
+    def new_id(self) -> int:
+        task_id = self._next_id
+        self._next_id += 1
+        return task_id
+
+    def add(self, task: Task) -> None:
+        self.tasks[task.task_id] = task
+
+    def remove(self, task_id: int) -> Task | None:
+        return self.tasks.pop(task_id, None)
+
+    def by_pid(self, pid: int) -> Task | None:
+        return next((t for t in self.tasks.values() if t.pid == pid), None)
+
+    def find(self, target: str) -> Task:
+        """The task named ``target``, or whose pid or task id it is."""
+        text = str(target).strip()
+        matches = [t for t in self.tasks.values() if t.name == text]
+        if not matches and text.isdigit():
+            number = int(text)
+            matches = [t for t in self.tasks.values() if t.pid == number]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            pids = ", ".join(str(t.pid) for t in matches)
+            raise NoSuchTask(f"{len(matches)} tasks are named {text!r} (pids {pids}): use a pid")
+        known = ", ".join(sorted(f"{t.name} ({t.pid})" for t in self.tasks.values())) or "none"
+        raise NoSuchTask(f"no task named or with pid {text!r}; registered tasks: {known}")

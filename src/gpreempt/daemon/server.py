@@ -1,0 +1,677 @@
+"""The node daemon: a registry of tasks per GPU, a policy, and the mechanisms that apply it.
+
+One thread runs everything: a selector over the listening socket, client connections,
+client doorbells (eventfds) and a self-pipe for signals. After every change it asks the
+policy which tasks should be suspended and suspends or resumes the difference. Requests
+are small and rare (registration, activity changes, status), so one thread keeps the state
+simple and every decision ordered.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import EVENTS_NAME, LOCK_NAME, SOCKET_NAME, STATE_NAME, ensure_private_dir
+from ..control import ControlBlock
+from ..errors import (
+    DaemonAlreadyRunning,
+    GpreemptError,
+    NoSuchProcess,
+    PermissionDenied,
+    ProtocolError,
+    UsageError,
+)
+from ..mechanisms import MechanismSet
+from ..mechanisms.base import Target
+from ..policy import Decision, Policy, Snapshot, get_policy
+from ..priority import parse_priority
+from ..procinfo import alive, is_descendant, read_process
+from ..protocol import OPS, Connection, Message, error_reply
+from . import persist
+from .events import EventLog
+from .registry import Registry, Task
+
+#: How often the loop checks that tasks' processes still exist.
+LIVENESS_PERIOD_S = 0.2
+MAX_NAME = 128
+MAX_GPUS = 64
+
+
+@dataclass
+class Peer:
+    """A client connection and the credentials the kernel vouches for (SO_PEERCRED)."""
+
+    conn_id: int
+    connection: Connection
+    pid: int
+    uid: int
+    #: Tasks this connection's in-process client feeds with a control block.
+    channel_task: int | None = None
+    control: ControlBlock | None = None
+    owned_tasks: set[int] = field(default_factory=set)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel reports them."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+class Daemon:
+    """``gpreempt serve``: owns the runtime directory while it runs."""
+
+    def __init__(
+        self,
+        runtime_dir: Path,
+        *,
+        policy: str = "hpf",
+        shared: bool = False,
+        metrics_port: int | None = None,
+        lock_timeout_ms: int | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.runtime_dir = runtime_dir
+        self.policy_name = policy
+        self.policy: Policy = get_policy(policy)
+        self.shared = shared
+        self.metrics_port = metrics_port
+        self.lock_timeout_ms = lock_timeout_ms
+        self.log = log or (lambda message: None)
+        self.registry = Registry()
+        self.peers: dict[int, Peer] = {}
+        self.selector = selectors.DefaultSelector()
+        self.policy_memory: Any = None
+        self.wake_at: float | None = None
+        self.started_at = time.time()
+        self._next_conn = 1
+        self._stopping = False
+        self._last_liveness = 0.0
+        self._last_account = time.monotonic()
+        self.metrics: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Take the runtime directory: lock, socket, event log, leftovers of a dead daemon."""
+        if self.shared and os.getuid() != 0:
+            raise UsageError("--shared serves every user and needs root")
+        ensure_private_dir(self.runtime_dir)
+        if self.shared:
+            os.chmod(self.runtime_dir, 0o755)
+        lock_path = self.runtime_dir / LOCK_NAME
+        try:
+            self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise UsageError(f"cannot write in runtime directory {self.runtime_dir}: {exc}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            other = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self._lock_fd)
+            raise DaemonAlreadyRunning(
+                f"another gpreempt daemon (pid {other}) already serves {self.runtime_dir}; "
+                "stop it first, or use another --runtime-dir"
+            ) from None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+        self.mechanisms = MechanismSet(self.lock_timeout_ms)
+        self.events = EventLog(self.runtime_dir / EVENTS_NAME)
+        self.state_path = self.runtime_dir / STATE_NAME
+        for record, outcome in persist.resume_leftovers(self.state_path):
+            self.events.write(
+                "resume",
+                task=record.name,
+                pid=record.pid,
+                mechanism=record.mechanism,
+                reason=f"left suspended by a previous daemon: {outcome}",
+            )
+            self.log(f"process {record.pid} ({record.name}) left suspended: {outcome}")
+
+        path = self.runtime_dir / SOCKET_NAME
+        if path.exists() or path.is_symlink():
+            path.unlink()  # stale: we hold the lock, so no live daemon owns it
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177 if not self.shared else 0o111)
+        try:
+            self.listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+
+        if self.metrics_port is not None:
+            from .metrics import DaemonMetrics
+
+            self.metrics = DaemonMetrics()
+            self.metrics.start_http(self.metrics_port)
+        self.events.write("daemon-start", reason=f"policy {self.policy_name}", pid=os.getpid())
+        self.log(f"serving {path} (policy {self.policy_name})")
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stopping = True
+
+    def serve_forever(self) -> None:
+        try:
+            while not self._stopping:
+                timeout = LIVENESS_PERIOD_S
+                if self.wake_at is not None:
+                    timeout = max(0.0, min(timeout, self.wake_at - time.monotonic()))
+                for key, mask in self.selector.select(timeout):
+                    kind, data = key.data
+                    try:
+                        if kind == "listen":
+                            self._accept()
+                        elif kind == "peer":
+                            self._on_readable(data)
+                        elif kind == "doorbell":
+                            self._on_doorbell(data)
+                        elif kind == "wake":
+                            self._drain_wake()
+                    except Exception as exc:  # one bad client must not take the daemon down
+                        self.log(f"error handling {kind}: {exc!r}")
+                        if kind == "peer":
+                            self._drop_peer(data)
+                now = time.monotonic()
+                if now - self._last_liveness >= LIVENESS_PERIOD_S:
+                    self._last_liveness = now
+                    self._check_liveness()
+                if self.wake_at is not None and now >= self.wake_at:
+                    self.reconcile()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Resume every suspended task, then release the runtime directory."""
+        for task in list(self.registry.tasks.values()):
+            task.held = False
+            if task.suspended:
+                self._resume(task, reason="daemon stopping")
+        persist.save(self.state_path, [])
+        self.events.write("daemon-stop", pid=os.getpid())
+        for peer in list(self.peers.values()):
+            peer.connection.close()
+        try:
+            (self.runtime_dir / SOCKET_NAME).unlink()
+        except FileNotFoundError:
+            pass
+        self.listener.close()
+        signal.set_wakeup_fd(-1)
+        self.events.close()
+        os.close(self._lock_fd)
+
+    # ------------------------------------------------------------------ connections
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        pid, uid, _gid = peer_credentials(sock)
+        sock.settimeout(2.0)
+        peer = Peer(self._next_conn, Connection(sock), pid, uid)
+        self._next_conn += 1
+        self.peers[peer.conn_id] = peer
+        self.selector.register(sock, selectors.EVENT_READ, ("peer", peer))
+
+    def _on_readable(self, peer: Peer) -> None:
+        try:
+            open_ = peer.connection.feed()
+        except ProtocolError as exc:
+            self._reply(peer, error_reply(exc))
+            self._drop_peer(peer)
+            return
+        except OSError:
+            open_ = False
+        while True:
+            try:
+                item = peer.connection.pop()
+            except ProtocolError as exc:
+                self._reply(peer, error_reply(exc))
+                self._drop_peer(peer)
+                return
+            if item is None:
+                break
+            message, fds = item
+            reply = self._handle(peer, message, fds)
+            self._reply(peer, reply)
+        if not open_:
+            self._drop_peer(peer)
+
+    def _reply(self, peer: Peer, reply: Message) -> None:
+        try:
+            peer.connection.send(reply)
+        except (OSError, ProtocolError):
+            pass  # the client is gone; its connection is dropped on the next read
+
+    def _drop_peer(self, peer: Peer) -> None:
+        if self.peers.pop(peer.conn_id, None) is None:
+            return
+        try:
+            self.selector.unregister(peer.connection.sock)
+        except (KeyError, ValueError):
+            pass
+        changed = False
+        if peer.control is not None:
+            try:
+                self.selector.unregister(peer.control.doorbell)
+            except (KeyError, ValueError):
+                pass
+            task = self.registry.tasks.get(peer.channel_task or -1)
+            if task is not None:
+                task.controls.pop(peer.conn_id, None)
+                changed = True
+            peer.control.close()
+        for task_id in peer.owned_tasks:
+            task = self.registry.tasks.get(task_id)
+            if task is not None:
+                self._end_task(task, "its launcher disconnected")
+                changed = True
+        peer.connection.close()
+        if changed:
+            self.reconcile()
+
+    def _on_doorbell(self, peer: Peer) -> None:
+        if peer.control is not None:
+            peer.control.drain_doorbell()
+        self.reconcile()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    # ------------------------------------------------------------------ requests
+    def _handle(self, peer: Peer, message: Message, fds: list[int]) -> Message:
+        op = message.get("op")
+        try:
+            if op not in OPS:
+                raise ProtocolError(
+                    f"unknown op {op!r}: expected one of {', '.join(sorted(OPS))}"
+                )
+            handler = getattr(self, f"_op_{op}")
+            return {"ok": True, **handler(peer, message, fds)}
+        except GpreemptError as exc:
+            return error_reply(exc)
+        except (TypeError, ValueError, KeyError) as exc:
+            return error_reply(ProtocolError(f"bad {op!r} request: {exc}"))
+        finally:
+            for fd in fds:
+                if fd >= 0 and (peer.control is None or fd not in (
+                    peer.control.memfd,
+                    peer.control.doorbell,
+                )):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+    def _op_ping(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        return {"pid": os.getpid(), "policy": self.policy_name}
+
+    def _check_owner(self, peer: Peer, uid: int, what: str) -> None:
+        if peer.uid != 0 and peer.uid != uid:
+            raise PermissionDenied(
+                f"{what} belongs to uid {uid}; you (uid {peer.uid}) may act only on your own "
+                "processes"
+            )
+
+    def _op_register(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        pid = int(message["pid"])
+        info = read_process(pid)
+        self._check_owner(peer, info.uid, f"process {pid}")
+        if os.getuid() != 0 and info.uid != os.getuid():
+            raise PermissionDenied(
+                f"this daemon runs as uid {os.getuid()} and cannot preempt process {pid} of uid "
+                f"{info.uid}; run the daemon as root or as that user"
+            )
+        existing = self.registry.by_pid(pid)
+        if existing is not None:
+            raise UsageError(f"process {pid} is already registered as task {existing.name!r}")
+        task = self._new_task(peer, info, message)
+        self.registry.add(task)
+        if message.get("owned"):
+            task.owner = peer.conn_id
+            peer.owned_tasks.add(task.task_id)
+        self.events.write(
+            "registered",
+            task=task.name,
+            task_id=task.task_id,
+            pid=task.pid,
+            gpu=task.gpu,
+            mechanism=task.mechanism,
+            priority=task.priority,
+        )
+        self.reconcile()
+        return {"task": task.describe(time.monotonic())}
+
+    def _new_task(self, peer: Peer, info: Any, message: Message) -> Task:
+        name = str(message.get("name") or info.name)[:MAX_NAME]
+        gpus = tuple(int(g) for g in message.get("gpus") or (0,))
+        if not gpus or len(gpus) > MAX_GPUS or any(g < 0 for g in gpus):
+            raise UsageError(f"bad GPU list {list(gpus)}: give non-negative indexes")
+        mechanism = str(message.get("mechanism") or "auto")
+        chosen = self.mechanisms.get(mechanism)  # refuses mechanisms this machine lacks
+        if message.get("check"):  # a running process: check now that it can be preempted
+            chosen.check(Target(pid=info.pid))
+        timeslice = message.get("timeslice_ms")
+        min_share = message.get("min_share")
+        if timeslice is not None and not float(timeslice) > 0:
+            raise UsageError(f"--timeslice-ms must be > 0, got {timeslice}")
+        if min_share is not None and not 0 < float(min_share) <= 1:
+            raise UsageError(f"--min-share must be in (0, 1], got {min_share}")
+        reserve = int(message.get("reserve_bytes") or 0)
+        if reserve < 0:
+            raise UsageError("--reserve-memory must be >= 0")
+        return Task(
+            task_id=self.registry.new_id(),
+            pid=info.pid,
+            # A process leading its own group (a shell job, a `gpreempt run` child) is
+            # preempted with its whole group, so helpers such as DataLoader workers stop too.
+            pgid=info.pgid if info.pgid == info.pid else None,
+            start_time=info.start_time,
+            uid=info.uid,
+            name=name,
+            priority=parse_priority(message.get("priority", 0)),
+            gpus=gpus,
+            mechanism=mechanism,
+            always_active=bool(message.get("always_active")),
+            timeslice_ms=None if timeslice is None else float(timeslice),
+            min_share=None if min_share is None else float(min_share),
+            reserve_bytes=reserve,
+        )
+
+    def _op_channel(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        """Bind the caller's control block to its task (registering the caller if asked)."""
+        if len(fds) != 2:
+            raise ProtocolError("a channel request carries exactly two fds: memfd and eventfd")
+        if peer.control is not None:
+            raise ProtocolError("this connection already has a channel")
+        task = self._task_of(peer.pid)
+        if task is None:
+            if not message.get("register"):
+                raise NoSuchProcess(
+                    f"process {peer.pid} is not part of a registered task; start it with "
+                    "`gpreempt run` or pass register=True with a priority"
+                )
+            info = read_process(peer.pid)
+            task = self._new_task(peer, info, {**message["register"], "pid": peer.pid})
+            self.registry.add(task)
+            task.owner = peer.conn_id
+            peer.owned_tasks.add(task.task_id)
+            self.events.write(
+                "registered",
+                task=task.name,
+                task_id=task.task_id,
+                pid=task.pid,
+                gpu=task.gpu,
+                mechanism=task.mechanism,
+                priority=task.priority,
+            )
+        control = ControlBlock(fds[0], fds[1])
+        peer.control = control
+        peer.channel_task = task.task_id
+        task.controls[peer.conn_id] = control
+        self.selector.register(control.doorbell, selectors.EVENT_READ, ("doorbell", peer))
+        if task.suspended and task.suspended_with == "gate":
+            control.set_gate(True)
+        self.reconcile()
+        return {
+            "task_id": task.task_id,
+            "name": task.name,
+            "priority": task.priority,
+            "mechanism": task.mechanism,
+        }
+
+    def _task_of(self, pid: int) -> Task | None:
+        """The task whose process is ``pid`` or an ancestor of it."""
+        direct = self.registry.by_pid(pid)
+        if direct is not None:
+            return direct
+        for task in self.registry.tasks.values():
+            if is_descendant(pid, task.pid):
+                return task
+        return None
+
+    def _op_unregister(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        task = self.registry.find(str(message["target"]))
+        if task.owner != peer.conn_id:
+            self._check_owner(peer, task.uid, f"task {task.name!r}")
+        self._end_task(task, str(message.get("reason") or "unregistered"))
+        self.reconcile()
+        return {}
+
+    def _op_status(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "daemon": {
+                "pid": os.getpid(),
+                "policy": self.policy_name,
+                "runtime_dir": str(self.runtime_dir),
+                "started_at": self.started_at,
+                "lock_available": self.mechanisms.lock_unavailable is None,
+                "lock_unavailable_reason": self.mechanisms.lock_unavailable,
+            },
+            "tasks": [t.describe(now) for t in self.registry.tasks.values()],
+        }
+
+    def _op_hold(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        task = self.registry.find(str(message["target"]))
+        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        hold = bool(message["hold"])
+        if task.held != hold:
+            task.held = hold
+            self.events.write(
+                "hold" if hold else "release",
+                task=task.name,
+                task_id=task.task_id,
+                pid=task.pid,
+                gpu=task.gpu,
+                reason=f"by uid {peer.uid} (pid {peer.pid})",
+            )
+            self.reconcile()
+        return {"task": task.describe(time.monotonic())}
+
+    def _op_evict(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        from .memory import evict_task
+
+        task = self.registry.find(str(message["target"]))
+        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        evict_task(self, task, reason=f"by uid {peer.uid}")
+        return {"task": task.describe(time.monotonic())}
+
+    def _op_restore(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        from .memory import restore_task
+
+        task = self.registry.find(str(message["target"]))
+        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        restore_task(self, task, reason=f"by uid {peer.uid}")
+        return {"task": task.describe(time.monotonic())}
+
+    # ------------------------------------------------------------------ scheduling
+    def _end_task(self, task: Task, reason: str) -> None:
+        task.held = False
+        if task.suspended:
+            self._resume(task, reason=f"task ended: {reason}")
+        self.registry.remove(task.task_id)
+        self.events.write(
+            "exit", task=task.name, task_id=task.task_id, pid=task.pid, gpu=task.gpu, reason=reason
+        )
+
+    def _check_liveness(self) -> None:
+        changed = False
+        for task in list(self.registry.tasks.values()):
+            if not alive(task.pid, task.start_time):
+                self._end_task(task, "process exited")
+                changed = True
+        if changed:
+            self.reconcile()
+        self._publish_states()
+
+    def _account(self, now: float) -> None:
+        """Advance each task's run time (active and not suspended) for time-based policies."""
+        elapsed = now - self._last_account
+        self._last_account = now
+        for task in self.registry.tasks.values():
+            if task.was_active and not task.suspended:
+                task.run_seconds += elapsed
+
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(now=now, tasks=tuple(t.view() for t in self.registry.tasks.values()))
+
+    def reconcile(self) -> None:
+        """Ask the policy, then suspend and resume whatever differs from its answer."""
+        now = time.monotonic()
+        self._account(now)
+        for task in self.registry.tasks.values():
+            active = task.active
+            if active != task.was_active:
+                task.was_active = active
+                self.events.write(
+                    "active" if active else "idle",
+                    task=task.name,
+                    task_id=task.task_id,
+                    pid=task.pid,
+                    gpu=task.gpu,
+                )
+        decision: Decision = self.policy(self.snapshot(now), self.policy_memory)
+        self.policy_memory = decision.memory
+        self.wake_at = decision.wake_at
+        wanted = set(decision.suspend) | {t.task_id for t in self.registry.tasks.values() if t.held}
+        changed = False
+        # Suspend first: a more important task is waiting for these.
+        for task in sorted(self.registry.tasks.values(), key=lambda t: t.priority):
+            if task.task_id in wanted and not task.suspended:
+                changed |= self._suspend(task)
+        for task in list(self.registry.tasks.values()):
+            if task.task_id not in wanted and task.suspended and not task.evicted:
+                changed |= self._resume(task, reason="policy")
+        if changed:
+            self._persist()
+            self._publish_states()
+
+    def _suspend(self, task: Task) -> bool:
+        mechanism = self.mechanisms.get(task.mechanism)
+        target = task.target()
+        start = time.perf_counter()
+        try:
+            used = mechanism.suspend(target)
+        except NoSuchProcess:
+            return False
+        except GpreemptError as exc:
+            if task.mechanism == "auto":
+                used = self.mechanisms.get("signal").suspend(target)
+            else:
+                self.events.write(
+                    "error",
+                    task=task.name,
+                    task_id=task.task_id,
+                    pid=task.pid,
+                    gpu=task.gpu,
+                    mechanism=task.mechanism,
+                    reason=f"suspend failed: {exc}",
+                )
+                return False
+        latency_ms = (time.perf_counter() - start) * 1e3
+        task.suspended = True
+        task.suspended_with = used
+        task.suspended_since = time.monotonic()
+        task.preemptions += 1
+        task.last_suspend_ms = round(latency_ms, 4)
+        self.events.write(
+            "suspend",
+            task=task.name,
+            task_id=task.task_id,
+            pid=task.pid,
+            gpu=task.gpu,
+            mechanism=used,
+            latency_ms=latency_ms,
+            reason="held" if task.held else "policy",
+        )
+        if self.metrics is not None:
+            self.metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
+        return True
+
+    def _resume(self, task: Task, reason: str) -> bool:
+        used = task.suspended_with or "signal"
+        start = time.perf_counter()
+        try:
+            self.mechanisms.concrete[used].resume(task.target())
+        except NoSuchProcess:
+            pass
+        except GpreemptError as exc:
+            self.events.write(
+                "error",
+                task=task.name,
+                task_id=task.task_id,
+                pid=task.pid,
+                gpu=task.gpu,
+                mechanism=used,
+                reason=f"resume failed: {exc}",
+            )
+            return False
+        latency_ms = (time.perf_counter() - start) * 1e3
+        suspended_for = time.monotonic() - (task.suspended_since or time.monotonic())
+        task.suspended_seconds += suspended_for
+        task.suspended = False
+        task.suspended_since = None
+        self.events.write(
+            "resume",
+            task=task.name,
+            task_id=task.task_id,
+            pid=task.pid,
+            gpu=task.gpu,
+            mechanism=used,
+            latency_ms=latency_ms,
+            reason=reason,
+            suspended_ms=round(suspended_for * 1e3, 4),
+        )
+        if self.metrics is not None:
+            self.metrics.on_resume(task.gpu, task.name, suspended_for)
+        return True
+
+    def _persist(self) -> None:
+        persist.save(
+            self.state_path,
+            [
+                persist.SuspendedRecord(
+                    pid=t.pid,
+                    pgid=t.pgid,
+                    start_time=t.start_time,
+                    mechanism="evict" if t.evicted else (t.suspended_with or "signal"),
+                    name=t.name,
+                )
+                for t in self.registry.tasks.values()
+                if t.suspended or t.evicted
+            ],
+        )
+
+    def _publish_states(self) -> None:
+        if self.metrics is None:
+            return
+        counts: dict[tuple[int, str], int] = {}
+        for task in self.registry.tasks.values():
+            for gpu in task.gpus:
+                counts[(gpu, task.state)] = counts.get((gpu, task.state), 0) + 1
+        self.metrics.set_task_states(counts)
+

@@ -1,0 +1,293 @@
+"""``gpreempt run``: start a command as a task, supervise it, and never leave it suspended.
+
+The launcher starts the daemon if none answers, starts the command in its own process
+group (so the daemon can stop the command's helpers with it), registers it before it runs
+its first instruction, forwards SIGINT/SIGTERM/SIGHUP, and returns its exit code. If the
+daemon goes away, the launcher resumes the command itself at once and registers it again
+with whichever daemon comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpreempt
+
+from .client.connection import DaemonClient
+from .config import (
+    DAEMON_LOG_NAME,
+    ENV_PRIORITY,
+    ENV_RUNTIME_DIR,
+    ENV_TASK_ID,
+    ensure_private_dir,
+    resolve_runtime_dir,
+)
+from .errors import DaemonUnavailable, GpreemptError, UsageError
+
+#: How long to wait for a daemon we started to answer.
+DAEMON_START_TIMEOUT_S = 10.0
+#: How often a launcher whose daemon vanished looks for a new one.
+RECONNECT_PERIOD_S = 1.0
+
+#: Run by the child before the command: wait for the launcher's go, then become the command.
+_WAIT_THEN_EXEC = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "os.read(fd, 1)\n"
+    "os.close(fd)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+AGENT_SITE = Path(__file__).resolve().parent / "client" / "_agent_site"
+PACKAGE_ROOT = Path(gpreempt.__file__).resolve().parent.parent
+
+
+@dataclass
+class TaskSpec:
+    """What ``gpreempt run`` registers for its command."""
+
+    priority: int
+    gpus: tuple[int, ...] = (0,)
+    name: str | None = None
+    mechanism: str = "auto"
+    always_active: bool = False
+    timeslice_ms: float | None = None
+    min_share: float | None = None
+    reserve_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "priority": self.priority,
+            "gpus": list(self.gpus),
+            "mechanism": self.mechanism,
+            "always_active": self.always_active,
+            "timeslice_ms": self.timeslice_ms,
+            "min_share": self.min_share,
+            "reserve_bytes": self.reserve_bytes,
+            **self.extra,
+        }
+
+
+def say(message: str) -> None:
+    print(f"gpreempt: {message}", file=sys.stderr, flush=True)
+
+
+def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> DaemonClient:
+    """A connection to the runtime directory's daemon, starting one in the background if needed."""
+    try:
+        return DaemonClient.connect(runtime_dir)
+    except DaemonUnavailable:
+        pass
+    ensure_private_dir(runtime_dir)
+    command = [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime_dir)]
+    if policy:
+        command += ["--policy", policy]
+    log_fd = os.open(
+        runtime_dir / DAEMON_LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+    )
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            env=_env_with_package(os.environ.copy()),
+        )
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            try:  # another launcher may have won the race to start one
+                return DaemonClient.connect(runtime_dir)
+            except DaemonUnavailable:
+                raise DaemonUnavailable(
+                    f"the daemon could not start (exit code {process.returncode}); "
+                    f"see {runtime_dir / DAEMON_LOG_NAME}"
+                ) from None
+        try:
+            client = DaemonClient.connect(runtime_dir)
+        except DaemonUnavailable:
+            time.sleep(0.05)
+            continue
+        say(f"started a daemon in the background (pid {process.pid}, {runtime_dir})")
+        return client
+    raise DaemonUnavailable(
+        f"the daemon started but did not answer within {DAEMON_START_TIMEOUT_S:.0f} s; "
+        f"see {runtime_dir / DAEMON_LOG_NAME}"
+    )
+
+
+def _env_with_package(env: dict[str, str]) -> dict[str, str]:
+    """Make this gpreempt importable in a child, whatever Python it runs."""
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(PACKAGE_ROOT) not in parts:
+        parts.append(str(PACKAGE_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def child_environment(runtime_dir: Path, spec: TaskSpec) -> dict[str, str]:
+    """The command's environment: where the daemon is, and the in-process client on PYTHONPATH."""
+    env = os.environ.copy()
+    env[ENV_RUNTIME_DIR] = str(runtime_dir.resolve())
+    env[ENV_TASK_ID] = "1"
+    env[ENV_PRIORITY] = str(spec.priority)
+    parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return _env_with_package(env)
+
+
+class Launcher:
+    """Runs one command under the daemon, from start to exit code."""
+
+    def __init__(
+        self, command: list[str], spec: TaskSpec, runtime_dir: str | None, policy: str | None
+    ) -> None:
+        if not command:
+            raise UsageError("no command given: use `gpreempt run [OPTIONS] -- CMD ARGS...`")
+        self.command = command
+        self.spec = spec
+        self.runtime_dir = resolve_runtime_dir(runtime_dir)
+        self.policy = policy
+        self.client: DaemonClient | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._forwarded: int | None = None
+
+    def run(self) -> int:
+        executable = shutil.which(self.command[0])
+        if executable is None:
+            raise UsageError(f"command not found or not executable: {self.command[0]}")
+        self.client = connect_or_start_daemon(self.runtime_dir, self.policy)
+        go_r, go_w = os.pipe()
+        try:
+            # The command waits (in a shell, before exec) until it is registered, so that
+            # it can never run unseen by the daemon; the pid stays the same across exec.
+            self.process = subprocess.Popen(
+                [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
+                env=child_environment(self.runtime_dir, self.spec),
+                preexec_fn=os.setpgrp,
+                pass_fds=(go_r,),
+            )
+        finally:
+            os.close(go_r)
+        try:
+            self._register(self.client)
+        except GpreemptError:
+            os.close(go_w)  # the child goes on without gpreempt only if we kill it: do so
+            self.process.kill()
+            self.process.wait()
+            raise
+        os.write(go_w, b"g")
+        os.close(go_w)
+        return self._supervise()
+
+    def _register(self, client: DaemonClient) -> None:
+        assert self.process is not None
+        client.register(self.process.pid, owned=True, **self.spec.fields())
+
+    def _supervise(self) -> int:
+        assert self.process is not None
+        selector = selectors.DefaultSelector()
+        pidfd = os.pidfd_open(self.process.pid)
+        selector.register(pidfd, selectors.EVENT_READ, "child")
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        selector.register(wake_r, selectors.EVENT_READ, "signal")
+        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._forward) for s in handled}
+        if self.client is not None:
+            selector.register(self.client.connection.sock, selectors.EVENT_READ, "daemon")
+        next_reconnect = 0.0
+        try:
+            while True:
+                timeout = None if self.client is not None else RECONNECT_PERIOD_S
+                events = selector.select(timeout)
+                kinds = {key.data for key, _ in events}
+                if "child" in kinds:
+                    break
+                if "signal" in kinds:
+                    try:
+                        while os.read(wake_r, 64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                if "daemon" in kinds and self.client is not None and not self._daemon_alive():
+                    selector.unregister(self.client.connection.sock)
+                    self.client.close()
+                    self.client = None
+                    self._rescue()
+                    next_reconnect = time.monotonic() + RECONNECT_PERIOD_S
+                if self.client is None and time.monotonic() >= next_reconnect:
+                    next_reconnect = time.monotonic() + RECONNECT_PERIOD_S
+                    self._try_reconnect(selector)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            signal.set_wakeup_fd(old_wakeup)
+            selector.close()
+            os.close(pidfd)
+            os.close(wake_r)
+            os.close(wake_w)
+        code = self.process.wait()
+        if self.client is not None:
+            self.client.close()
+        return 128 - code if code < 0 else code
+
+    def _daemon_alive(self) -> bool:
+        assert self.client is not None
+        try:
+            return bool(self.client.connection.sock.recv(4096, socket.MSG_DONTWAIT))
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
+    def _forward(self, signum: int, frame: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGCONT)  # a stopped child could not act on it
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _rescue(self) -> None:
+        """The daemon vanished: make sure our command runs, whatever held it."""
+        assert self.process is not None
+        from .daemon.persist import resume_locked
+        from .mechanisms.base import Target
+
+        try:
+            resume_locked(Target(pid=self.process.pid))
+        except GpreemptError as exc:
+            say(f"could not unlock {self.process.pid} in the driver: {exc}")
+        try:
+            os.killpg(self.process.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        say("the daemon went away; resumed the command and keep it running")
+
+    def _try_reconnect(self, selector: selectors.BaseSelector) -> None:
+        try:
+            client = DaemonClient.connect(self.runtime_dir, timeout=2.0)
+            self._register(client)
+        except GpreemptError:
+            return
+        self.client = client
+        selector.register(client.connection.sock, selectors.EVENT_READ, "daemon")
+        say("registered again with a new daemon")
+

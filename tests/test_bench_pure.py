@@ -1,0 +1,174 @@
+"""The benchmark's pure parts: arrivals, statistics, event log, metrics, report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from gpreempt.bench import eventlog, load, metrics, report, stats
+from gpreempt.bench.scenarios import RawScenario, check_scenarios
+from gpreempt.errors import UsageError
+
+
+def test_arrivals_are_fixed_by_seed_and_have_the_asked_rate():
+    a = load.poisson_arrivals(20000, 500.0, seed=7)
+    assert a == load.poisson_arrivals(20000, 500.0, seed=7)
+    assert a != load.poisson_arrivals(20000, 500.0, seed=8)
+    assert a[0] == 0.0 and all(x < y for x, y in zip(a, a[1:], strict=False))
+    gaps = [y - x for x, y in zip(a, a[1:], strict=False)]
+    assert statistics.fmean(gaps) == pytest.approx(1 / 500.0, rel=0.03)
+    # exponential gaps: the standard deviation equals the mean
+    assert statistics.pstdev(gaps) == pytest.approx(1 / 500.0, rel=0.05)
+
+
+def test_arrival_rate_is_load_over_service_time():
+    assert load.arrival_rate(0.5, 0.002) == pytest.approx(250.0)
+    for bad in (0.0, -0.1, 2.0):
+        with pytest.raises(UsageError, match="load"):
+            load.arrival_rate(bad, 0.002)
+    with pytest.raises(UsageError):
+        load.poisson_arrivals(0, 10.0, 0)
+
+
+def test_percentile_and_latency_summary():
+    values = [float(i) for i in range(1, 101)]
+    assert stats.percentile(values, 50) == pytest.approx(50.5)
+    assert stats.percentile(values, 99) == pytest.approx(99.01)
+    assert stats.percentile([3.0], 99) == 3.0
+    summary = stats.latency_summary([1.0, 2.0, 3.0, 4.0])
+    assert summary["mean"] == 2.5 and summary["p50"] == 2.5
+    assert summary["std"] == pytest.approx(statistics.pstdev([1, 2, 3, 4]))
+    assert stats.latency_summary([]) is None
+    assert stats.tail_summary([0.1, 0.2, 5.0])["max"] == 5.0
+
+
+def test_rate_in_window_counts_only_steps_inside():
+    steps = [[0.5, 1.0, 1.5, 2.0, 9.0], [1.2, 1.8]]
+    assert stats.rate_in_window(steps, 1.0, 2.0) == pytest.approx(5 / 1.0)
+    with pytest.raises(ValueError):
+        stats.rate_in_window(steps, 2.0, 2.0)
+
+
+def test_combine_repeats_takes_medians_and_keeps_spread():
+    rows = [
+        {"valid": True, "a_p99_ratio": 1.0, "a_latency_ms": {"p99": 3.0}, "b_kept": None},
+        {"valid": True, "a_p99_ratio": 1.4, "a_latency_ms": {"p99": 5.0}, "b_kept": None},
+        {
+            "valid": False,
+            "invalid_reason": "x",
+            "a_p99_ratio": 1.1,
+            "a_latency_ms": {"p99": 4.0},
+            "b_kept": None,
+        },
+    ]
+    merged = stats.combine_repeats(rows)
+    assert merged["a_p99_ratio"] == pytest.approx(1.1)
+    assert merged["a_latency_ms"]["p99"] == pytest.approx(4.0)
+    assert merged["spread"]["a_p99_ratio"] == {"median": 1.1, "min": 1.0, "max": 1.4, "n": 3}
+    assert merged["b_kept"] is None
+    assert merged["valid"] is False and merged["invalid_reason"] == "x"
+    assert merged["repeats"] == 3
+
+
+def test_event_log_periods_and_latencies(tmp_path):
+    log = tmp_path / "events.jsonl"
+    lines = [
+        {"t": 10.0, "task": "case-b-0", "event": "suspend", "latency_ms": 0.5},
+        {"t": 10.2, "task": "case-b-0", "event": "resume", "latency_ms": 0.1},
+        {"t": 10.1, "task": "case-a", "event": "active"},
+        {"t": 11.0, "task": "case-b-1", "event": "suspend", "latency_ms": 2.0},
+    ]
+    log.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"t": 12, "ev')  # torn line
+    events = eventlog.read_events(log)
+    assert len(events) == 4
+    assert eventlog.suspend_latencies_ms(events) == [0.5, 2.0]
+    periods = eventlog.suspended_periods(events, "case-b", end=11.5)
+    assert periods == {"case-b-0": [(10.0, 10.2)], "case-b-1": [(11.0, 11.5)]}
+    assert eventlog.suspended_fraction(periods["case-b-0"], 10.0, 11.0) == pytest.approx(0.2)
+    assert eventlog.read_events(tmp_path / "missing.jsonl") == []
+
+
+def _raw(name, scheduled, ends, steps=None, events=(), valid=True):
+    raw = RawScenario(name, directory=None)  # type: ignore[arg-type]
+    if scheduled is not None:
+        raw.serve = {"scheduled": scheduled, "start": scheduled, "end": ends}
+        raw.window = (min(scheduled), max(ends))
+    if steps is not None:
+        raw.trains = [{"step_end_t": s} for s in steps]
+        if raw.window is None:
+            raw.window = (0.0, 1.0)
+    raw.events = list(events)
+    raw.valid = valid
+    return raw
+
+
+def test_scenario_metrics_against_references():
+    due = [0.0, 0.1, 0.2, 0.3]
+    alone = _raw("a-alone", due, [t + 0.002 for t in due])
+    b_alone = _raw("b-alone", None, None, steps=[[i / 100 for i in range(100)]])
+    b_rate = metrics.b_rate(b_alone)
+    assert b_rate == pytest.approx(100.0)
+    shared = _raw(
+        "gpreempt-signal",
+        due,
+        [t + 0.004 for t in due],
+        steps=[[0.05 + i * 0.01 for i in range(15)]],
+        events=[
+            {"t": 0.1, "task": "case-b-0", "event": "suspend", "latency_ms": 0.3},
+            {"t": 0.15, "task": "case-b-0", "event": "resume"},
+        ],
+    )
+    row = metrics.scenario_metrics(shared, alone, b_rate)
+    assert row["a_p99_ratio"] == pytest.approx(2.0)
+    assert row["b_kept"] == pytest.approx(15 / 0.304 / 100.0)
+    assert row["a_served"] == pytest.approx(0.302 / 0.304)
+    assert row["system_throughput"] == pytest.approx(row["a_served"] + row["b_kept"])
+    assert row["preempt_latency_ms"]["p50"] == pytest.approx(0.3)
+    assert row["b_suspended_fraction"] == pytest.approx(0.05 / 0.304)
+    ref = metrics.scenario_metrics(alone, alone, b_rate)
+    assert ref["a_p99_ratio"] == 1.0 and ref["b_kept"] == 0.0 and ref["system_throughput"] == 1.0
+    assert ref["preempt_latency_ms"] is None
+    seq = metrics.sequential_metrics(ref, metrics.scenario_metrics(b_alone, alone, b_rate))
+    assert seq["system_throughput"] == 1.0 and seq["b_kept"] == 0.0 and seq["valid"]
+
+
+def test_report_has_the_test_plan_tables_and_lists_invalid_scenarios():
+    row = {
+        "valid": True,
+        "a_latency_ms": {"mean": 1, "p50": 1, "p95": 2, "p99": 3, "std": 0.5},
+        "a_p99_ratio": 1.0,
+        "a_served": 1.0,
+        "b_kept": 0.0,
+        "b_steps_per_s": 0.0,
+        "system_throughput": 1.0,
+        "preempt_latency_ms": None,
+        "gpu_util": "n/a",
+    }
+    bad = {**row, "valid": False, "invalid_reason": "case-b-0 exited early"}
+    results = {
+        "device": {"name": "GPU"},
+        "params": {"case_a": "light", "bg": 1, "repeats": 1},
+        "scenarios": {
+            "a-alone": row,
+            "time-sliced": bad,
+            "gpreempt-lock": {**row, "preempt_latency_ms": {"p50": 0.1, "p99": 0.2, "max": 0.3}},
+        },
+    }
+    text = report.render(results)
+    for heading in (
+        "Case-A latency",
+        "Throughput: sequential vs concurrent",
+        "Preemption",
+        "GPU utilisation",
+        "Invalid scenarios",
+    ):
+        assert heading in text
+    assert "case-b-0 exited early" in text and "| time-sliced | **no** |" in text
+
+
+def test_scenario_names_are_checked():
+    assert check_scenarios(["mps", "mps", "gpreempt-auto"]) == ("mps", "gpreempt-auto")
+    with pytest.raises(UsageError, match="unknown scenario"):
+        check_scenarios(["gpreempt-magic"])

@@ -1,0 +1,188 @@
+"""A whole benchmark run on the CPU with fake workloads, a fake daemon and a fake MPS."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpreempt.bench.mps import MpsDaemon
+from gpreempt.bench.runner import BenchConfig, run_bench
+from gpreempt.bench.scenarios import Workloads
+from gpreempt.cli import main
+
+HERE = Path(__file__).parent
+FAKES = HERE / "bench_fakes.py"
+
+
+def _workloads(**env: str) -> Workloads:
+    pythonpath = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    return Workloads(
+        case_a_fn="bench_fakes:serve_factory",
+        case_b_fn="bench_fakes:train_factory",
+        warmup_s=0.2,
+        warmup_steps=3,
+        env=(("PYTHONPATH", pythonpath), *env.items()),
+    )
+
+
+def _config(out: Path, scenarios, workloads: Workloads, **kw) -> BenchConfig:
+    return BenchConfig(
+        out_dir=out,
+        requests=kw.pop("requests", 80),
+        scenarios=tuple(scenarios),
+        calibrate_requests=30,
+        workloads=workloads,
+        gpreempt=(sys.executable, str(FAKES)),
+        nvml=False,
+        probe_device=False,
+        **kw,
+    )
+
+
+def _fake_mps(tmp_path: Path) -> Path:
+    """An nvidia-cuda-mps-control stand-in that logs its calls and their pipe directory."""
+    script = tmp_path / "fake-mps-control"
+    log = tmp_path / "mps-calls.log"
+    script.write_text(
+        f'#!/bin/sh\necho "$@|$(cat 2>/dev/null)|$CUDA_MPS_PIPE_DIRECTORY" >> {log}\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_full_run_writes_results_report_and_plots(tmp_path):
+    out = tmp_path / "run"
+    scenarios = [
+        "a-alone",
+        "b-alone",
+        "sequential",
+        "time-sliced",
+        "stream-priority",
+        "mps-priority",
+        "gpreempt-signal",
+    ]
+    env_log = tmp_path / "env"
+    env_log.mkdir()
+    config = _config(out, scenarios, _workloads(FAKE_ENV_LOG=str(env_log)), repeats=2)
+    config = BenchConfig(**{**config.__dict__, "mps_control": str(_fake_mps(tmp_path))})
+    results = run_bench(config)
+
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["params"]["requests"] == 80 and saved["params"]["bg"] == 1
+    assert set(saved["device"]) == {"name", "driver", "cuda", "torch"}
+    assert list(saved["scenarios"]) == scenarios
+    for name, row in saved["scenarios"].items():
+        assert row["valid"], (name, row.get("invalid_reason"))
+        assert set(row) >= {
+            "a_latency_ms",
+            "a_p99_ratio",
+            "b_kept",
+            "system_throughput",
+            "preempt_latency_ms",
+            "gpu_util",
+            "valid",
+            "repeats",
+            "spread",
+        }
+        assert row["repeats"] == 2
+    rows = saved["scenarios"]
+    assert rows["a-alone"]["a_p99_ratio"] == pytest.approx(1.0)
+    assert rows["b-alone"]["b_kept"] == pytest.approx(1.0)
+    assert rows["b-alone"]["a_latency_ms"] is None
+    assert rows["sequential"]["system_throughput"] == pytest.approx(1.0)
+    for name in ("time-sliced", "stream-priority", "gpreempt-signal"):
+        assert rows[name]["a_latency_ms"]["p99"] > 0
+        assert rows[name]["b_kept"] > 0.3  # a sleeping fake trainer keeps most of its rate
+    assert rows["gpreempt-signal"]["preempt_latency_ms"]["p50"] == pytest.approx(0.25)
+    assert rows["time-sliced"]["preempt_latency_ms"] is None
+    assert results["plots"] == ["latency_cdf.png", "timeline.png"]
+    for name in ("latency_cdf.png", "latency_cdf.json", "timeline.png", "timeline.json"):
+        assert (out / name).stat().st_size > 0
+    text = (out / "report.md").read_text()
+    assert "| gpreempt-signal | yes |" in text and "Throughput" in text
+    # the same arrivals in every scenario
+    serve = json.loads((out / "runs/r0/time-sliced/case-a.json").read_text())
+    alone = json.loads((out / "runs/r1/a-alone/case-a.json").read_text())
+    shift = serve["scheduled"][0] - alone["scheduled"][0]
+    assert [round(s - shift, 6) for s in serve["scheduled"]] == pytest.approx(
+        [round(s, 6) for s in alone["scheduled"]], abs=1e-5
+    )
+    # MPS: a private daemon in the run directory, started and stopped every time, Case-B only
+    # with the low client priority
+    calls = (tmp_path / "mps-calls.log").read_text().splitlines()
+    assert [c.split("|")[:2] for c in calls] == [["-d", ""], ["", "quit"]] * 2
+    assert all(str(out) in c.split("|")[2] for c in calls)
+    seen = [json.loads(p.read_text()) for p in env_log.iterdir()]
+    assert {s.get("CUDA_MPS_CLIENT_PRIORITY") for s in seen if s} == {"1"}
+
+
+def test_a_trainer_that_exits_early_makes_the_scenario_invalid(tmp_path):
+    work = _workloads(FAKE_TRAIN_EXIT_AFTER_S="0.45", FAKE_SERVICE_S="0.004")
+    results = run_bench(_config(tmp_path / "run", ["time-sliced"], work, requests=120))
+    row = results["scenarios"]["time-sliced"]
+    assert row["valid"] is False
+    assert "did not overlap" in row["invalid_reason"] or "exited" in row["invalid_reason"]
+    assert "Invalid scenarios" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_mps_daemon_is_stopped_on_errors(tmp_path):
+    control = _fake_mps(tmp_path)
+    with pytest.raises(KeyboardInterrupt), MpsDaemon(tmp_path / "d", str(control)):
+        raise KeyboardInterrupt
+    calls = (tmp_path / "mps-calls.log").read_text().splitlines()
+    assert [c.split("|")[:2] for c in calls] == [["-d", ""], ["", "quit"]]
+
+
+def test_missing_mps_makes_mps_scenarios_invalid_not_fatal(tmp_path):
+    config = _config(tmp_path / "run", ["mps"], _workloads(), requests=40)
+    config = BenchConfig(**{**config.__dict__, "mps_control": "no-such-mps-control"})
+    row = run_bench(config)["scenarios"]["mps"]
+    assert row["valid"] is False and "not found" in row["invalid_reason"]
+
+
+def test_cli_without_gpu_says_so_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr("gpreempt.bench.device.gpu_present", lambda: False)
+    assert main(["bench", "--quick"]) == 2
+    assert "no NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_scenarios(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("gpreempt.bench.device.gpu_present", lambda: True)
+    assert main(["bench", "--scenarios", "a-alone,warp-drive", "--out", str(tmp_path)]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
+
+
+def test_cli_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for option in (
+        "--load",
+        "--requests",
+        "--bg",
+        "--case-a",
+        "--case-a-fn",
+        "--case-b-cmd",
+        "--scenarios",
+        "--repeats",
+        "--out",
+        "--quick",
+        "mps-priority",
+        "gpreempt-auto",
+    ):
+        assert option in text
+
+
+def test_harness_imports_no_torch():
+    import subprocess
+
+    code = (
+        "import sys, gpreempt.cli.bench, gpreempt.bench.runner, gpreempt.bench.workloads;"
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,304 @@
+"""The in-process launch gate on CPU tensors: blocking, counters, activity, identical training.
+
+Every test runs against both implementations: the C++ RecordFunction hook (built on first use;
+skipped where no compiler is available) and the Python TorchDispatchMode fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpreempt.client import gate as gate_mod  # noqa: E402
+from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
+from gpreempt.client.gate_build import NativeGateUnavailable, load_native  # noqa: E402
+from gpreempt.control import ControlBlock  # noqa: E402
+from gpreempt.errors import UsageError  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def native_available() -> bool:
+    try:
+        load_native()
+    except NativeGateUnavailable as exc:
+        pytest.skip(f"native gate unavailable: {exc}")
+    return True
+
+
+@pytest.fixture(params=["native", "python"])
+def impl(request: pytest.FixtureRequest) -> str:
+    if request.param == "native":
+        request.getfixturevalue("native_available")
+    return request.param
+
+
+@pytest.fixture
+def control():
+    block = ControlBlock.create()
+    yield block
+    current = gate_mod.current_gate()
+    if current is not None:
+        current.uninstall()
+    block.close()
+
+
+def _install(control: ControlBlock, impl: str, **kwargs):
+    kwargs.setdefault("bound", True)
+    kwargs.setdefault("auto_activity", False)
+    gate = install_gate(control, prefer_native=impl == "native", **kwargs)
+    assert gate.native == (impl == "native")
+    return gate
+
+
+def _open_after(control: ControlBlock, delay: float) -> threading.Thread:
+    def opener() -> None:
+        time.sleep(delay)
+        control.set_gate(False)
+
+    thread = threading.Thread(target=opener)
+    thread.start()
+    return thread
+
+
+def test_install_marks_control_block(control, impl):
+    gate = _install(control, impl)
+    stats = control.stats()
+    assert stats.gate_installed
+    assert stats.window == gate.config.window_launches
+    assert gate.stats()["installed"]
+    gate.uninstall()
+    assert not control.stats().gate_installed
+    assert not gate.stats()["installed"]
+
+
+def test_closed_gate_blocks_next_op_until_opened(control, impl):
+    gate = _install(control, impl)
+    x = torch.ones(4)
+    control.set_gate(True)
+    opener = _open_after(control, 0.3)
+    start = time.monotonic()
+    y = x + 1  # blocks here
+    waited = time.monotonic() - start
+    opener.join()
+    assert waited >= 0.25
+    assert torch.equal(y, torch.full((4,), 2.0))
+    stats = gate.stats()
+    assert stats["waits"] >= 1
+    assert stats["wait_seconds"] >= 0.25
+    block = control.stats()
+    assert block.waits == stats["waits"]
+    assert block.wait_seconds >= 0.25
+
+
+def test_closed_gate_releases_the_gil_while_waiting(control, impl):
+    # torch.tensor() runs its operators with the GIL held; the opener thread needs the GIL
+    _install(control, impl)
+    control.set_gate(True)
+    opener = _open_after(control, 0.2)
+    start = time.monotonic()
+    torch.tensor([1.0, 2.0]).sum()
+    assert time.monotonic() - start >= 0.15
+    opener.join(timeout=5)
+    assert not opener.is_alive()
+
+
+def test_open_gate_does_not_wait_and_counts_launches(control, impl):
+    gate = _install(control, impl, record_every=8)
+    x = torch.ones(8)
+    before = gate.stats()["launches"]
+    start = time.monotonic()
+    for _ in range(200):
+        x = x * 1.0
+    assert time.monotonic() - start < 2.0
+    stats = gate.stats()
+    assert stats["launches"] - before >= 200
+    assert stats["waits"] == 0
+    # published at each segment boundary
+    published = control.stats().launches
+    assert 0 < published <= stats["launches"]
+    assert published > stats["launches"] - gate.config.open_record_every
+
+
+def test_uninstall_removes_the_hook(control, impl):
+    gate = _install(control, impl)
+    torch.ones(2) + 1
+    launches = gate.stats()["launches"]
+    gate.uninstall()
+    control.set_gate(True)
+    start = time.monotonic()
+    for _ in range(10):
+        torch.ones(2) + 1
+    assert time.monotonic() - start < 1.0
+    assert gate_mod.current_gate() is None
+    # a fresh gate can be installed afterwards and sees the closed word
+    control.set_gate(False)
+    again = _install(control, impl)
+    assert again.stats()["launches"] == 0
+    again.uninstall()
+    assert launches > 0
+
+
+def test_second_install_is_refused(control, impl):
+    _install(control, impl)
+    with pytest.raises(RuntimeError, match="already installed"):
+        _install(control, impl)
+
+
+def _train(seed: int, steps: int = 40) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randn(steps, 8, 16)
+    target = torch.randn(steps, 8, 4)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(data[step]), target[step])
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_gated_training_is_bit_identical(control, impl):
+    reference = _train(seed=3)
+    gate = _install(control, impl, record_every=4)
+    stop = threading.Event()
+
+    def toggler() -> None:
+        while not stop.is_set():
+            control.set_gate(True)
+            time.sleep(0.002)
+            control.set_gate(False)
+            time.sleep(0.003)
+
+    thread = threading.Thread(target=toggler)
+    thread.start()
+    try:
+        gated = _train(seed=3)
+    finally:
+        stop.set()
+        thread.join()
+        control.set_gate(False)
+    assert gate.stats()["waits"] > 0, "the toggler never caught an operator: test proves nothing"
+    assert reference.keys() == gated.keys()
+    for name in reference:
+        assert torch.equal(reference[name], gated[name]), name
+
+
+def test_threads_share_the_gate_safely(control, impl):
+    gate = _install(control, impl, record_every=4)
+    per_thread = 300
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            x = torch.ones(4)
+            for _ in range(per_thread):
+                x = x + 0.0
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    control.set_gate(True)
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    control.set_gate(False)
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors
+    if impl == "native":  # the Python fallback only sees the installing thread
+        assert gate.stats()["launches"] >= 4 * per_thread
+        assert gate.stats()["waits"] >= 1
+
+
+def _doorbell_rings(control: ControlBlock, timeout: float) -> bool:
+    ready, _, _ = select.select([control.doorbell], [], [], timeout)
+    if ready:
+        control.drain_doorbell()
+    return bool(ready)
+
+
+def test_auto_activity_publishes_transitions(control, impl):
+    gate = _install(control, impl, bound=False, auto_activity=True, idle_grace_ms=20.0)
+    assert not control.is_active()
+    torch.ones(4) * 2
+    assert control.stats().auto_active
+    assert _doorbell_rings(control, 1.0)
+    # keep launching: it stays active
+    for _ in range(5):
+        torch.ones(4) * 2
+        time.sleep(0.005)
+    assert control.stats().auto_active
+    # idle: drops after the grace time and rings again
+    deadline = time.monotonic() + 3.0
+    while control.stats().auto_active and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not control.stats().auto_active
+    assert _doorbell_rings(control, 1.0)
+    torch.ones(4) * 2
+    assert control.stats().auto_active
+    assert gate.stats()["activations"] == 2
+    gate.uninstall()
+    assert not control.stats().auto_active
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_is_not_gated(control, impl):
+    _install(control, impl)
+    control.set_gate(True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        start = time.monotonic()
+        torch.ones(4) + 1
+        os._exit(0 if time.monotonic() - start < 2.0 else 1)
+    deadline = time.monotonic() + 20
+    status = None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child blocked on its parent's gate")
+    control.set_gate(False)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_drain_without_gpu_returns(control, impl):
+    gate = _install(control, impl)
+    torch.ones(2) + 1
+    gate.drain()
+    assert not gate.stats()["device_live"]
+
+
+def test_config_precedence_and_validation(monkeypatch):
+    monkeypatch.setenv("GPREEMPT_GATE_K", "16")
+    monkeypatch.setenv("GPREEMPT_GATE_W", "2")
+    monkeypatch.setenv("GPREEMPT_GATE_WINDOW_MS", "0.5")
+    config = resolve_config(bound=True, auto_activity=False)
+    assert (config.record_every, config.window_launches, config.window_ms) == (16, 32, 0.5)
+    config = resolve_config(bound=True, auto_activity=False, record_every=8, window_ms=2.0)
+    assert (config.record_every, config.window_launches, config.window_ms) == (8, 16, 2.0)
+    monkeypatch.setenv("GPREEMPT_GATE_K", "many")
+    with pytest.raises(UsageError, match="GPREEMPT_GATE_K"):
+        resolve_config(bound=True, auto_activity=False)
+    monkeypatch.delenv("GPREEMPT_GATE_K")
+    with pytest.raises(UsageError, match="mode"):
+        resolve_config(bound=True, auto_activity=False, mode="fast")
+
+
+def test_env_forces_python_fallback(control, monkeypatch):
+    monkeypatch.setenv("GPREEMPT_GATE_NATIVE", "0")
+    gate = install_gate(control, bound=True, auto_activity=False)
+    assert not gate.native
