@@ -27,6 +27,7 @@ offset  type   meaning
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -102,10 +103,8 @@ class ControlBlock:
 
     def drain_doorbell(self) -> None:
         """Reset the doorbell after it rang (daemon)."""
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.doorbell)
-        except BlockingIOError:
-            pass
 
     def stats(self) -> ControlStats:
         return ControlStats(
@@ -134,10 +133,8 @@ class ControlBlock:
         self.ring()
 
     def ring(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError, OSError):
             os.eventfd_write(self.doorbell, 1)
-        except (BlockingIOError, OSError):
-            pass
 
     def close(self) -> None:
         try:
@@ -145,7 +142,5 @@ class ControlBlock:
         except (BufferError, ValueError):
             pass  # native code still holds a view; the mapping dies with the process
         for fd in (self.memfd, self.doorbell):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass

@@ -290,4 +290,3 @@ class Launcher:
         self.client = client
         selector.register(client.connection.sock, selectors.EVENT_READ, "daemon")
         say("registered again with a new daemon")
-

@@ -10,6 +10,7 @@ cannot make the daemon buffer without bound.
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import socket
@@ -163,7 +164,5 @@ class Connection:
 
 
 def _close_quietly(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass

@@ -17,7 +17,9 @@ _HELP = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     for verb, text in _HELP.items():
-        parser = subparsers.add_parser(verb, help=text, description=text[0].upper() + text[1:] + ".")
+        parser = subparsers.add_parser(
+            verb, help=text, description=text[0].upper() + text[1:] + "."
+        )
         add_runtime_dir(parser)
         parser.add_argument("target", metavar="NAME|PID", help="task name or pid")
         parser.set_defaults(func=run, verb=verb)

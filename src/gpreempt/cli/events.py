@@ -23,8 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_runtime_dir(parser)
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     parser.add_argument("--json", action="store_true", help="print raw JSON lines")
-    parser.add_argument("--last", "-n", type=int, default=50, metavar="N",
-                        help="how many past events to show (default 50; 0 = all)")
+    parser.add_argument(
+        "--last",
+        "-n",
+        type=int,
+        default=50,
+        metavar="N",
+        help="how many past events to show (default 50; 0 = all)",
+    )
     parser.set_defaults(func=run)
 
 

@@ -9,6 +9,7 @@ simple and every decision ordered.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -112,7 +113,9 @@ class Daemon:
         try:
             self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise UsageError(f"cannot write in runtime directory {self.runtime_dir}: {exc}") from None
+            raise UsageError(
+                f"cannot write in runtime directory {self.runtime_dir}: {exc}"
+            ) from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -176,7 +179,7 @@ class Daemon:
                 timeout = LIVENESS_PERIOD_S
                 if self.wake_at is not None:
                     timeout = max(0.0, min(timeout, self.wake_at - time.monotonic()))
-                for key, mask in self.selector.select(timeout):
+                for key, _mask in self.selector.select(timeout):
                     kind, data = key.data
                     try:
                         if kind == "listen":
@@ -210,10 +213,8 @@ class Daemon:
         self.events.write("daemon-stop", pid=os.getpid())
         for peer in list(self.peers.values()):
             peer.connection.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.runtime_dir / SOCKET_NAME).unlink()
-        except FileNotFoundError:
-            pass
         self.listener.close()
         signal.set_wakeup_fd(-1)
         self.events.close()
@@ -265,16 +266,12 @@ class Daemon:
     def _drop_peer(self, peer: Peer) -> None:
         if self.peers.pop(peer.conn_id, None) is None:
             return
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(peer.connection.sock)
-        except (KeyError, ValueError):
-            pass
         changed = False
         if peer.control is not None:
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(peer.control.doorbell)
-            except (KeyError, ValueError):
-                pass
             task = self.registry.tasks.get(peer.channel_task or -1)
             if task is not None:
                 task.controls.pop(peer.conn_id, None)
@@ -306,9 +303,7 @@ class Daemon:
         op = message.get("op")
         try:
             if op not in OPS:
-                raise ProtocolError(
-                    f"unknown op {op!r}: expected one of {', '.join(sorted(OPS))}"
-                )
+                raise ProtocolError(f"unknown op {op!r}: expected one of {', '.join(sorted(OPS))}")
             handler = getattr(self, f"_op_{op}")
             return {"ok": True, **handler(peer, message, fds)}
         except GpreemptError as exc:
@@ -317,14 +312,16 @@ class Daemon:
             return error_reply(ProtocolError(f"bad {op!r} request: {exc}"))
         finally:
             for fd in fds:
-                if fd >= 0 and (peer.control is None or fd not in (
-                    peer.control.memfd,
-                    peer.control.doorbell,
-                )):
-                    try:
+                if fd >= 0 and (
+                    peer.control is None
+                    or fd
+                    not in (
+                        peer.control.memfd,
+                        peer.control.doorbell,
+                    )
+                ):
+                    with contextlib.suppress(OSError):
                         os.close(fd)
-                    except OSError:
-                        pass
 
     def _op_ping(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         return {"pid": os.getpid(), "policy": self.policy_name}
@@ -674,4 +671,3 @@ class Daemon:
             for gpu in task.gpus:
                 counts[(gpu, task.state)] = counts.get((gpu, task.state), 0) + 1
         self.metrics.set_task_states(counts)
-

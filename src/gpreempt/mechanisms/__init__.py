@@ -61,8 +61,10 @@ class MechanismSet:
             "signal": SignalMechanism(),
             "gate": GateMechanism(),
         }
-        lock = DriverLockMechanism() if lock_timeout_ms is None else DriverLockMechanism(
-            lock_timeout_ms
+        lock = (
+            DriverLockMechanism()
+            if lock_timeout_ms is None
+            else DriverLockMechanism(lock_timeout_ms)
         )
         try:
             lock.driver  # noqa: B018 - loads libcuda and checks the API

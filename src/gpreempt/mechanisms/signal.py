@@ -6,6 +6,7 @@ fallback that always works, and the only mechanism for processes with no CUDA co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -43,8 +44,6 @@ class SignalMechanism(Mechanism):
         return self.name
 
     def resume(self, target: Target) -> str:
-        try:
+        with contextlib.suppress(NoSuchProcess):
             send(target, signal.SIGCONT)
-        except NoSuchProcess:
-            pass
         return self.name

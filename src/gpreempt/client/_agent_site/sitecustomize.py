@@ -27,7 +27,9 @@ def _chain() -> None:
             continue
         candidate = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(candidate):
-            spec = importlib.util.spec_from_file_location("_gpreempt_chained_sitecustomize", candidate)
+            spec = importlib.util.spec_from_file_location(
+                "_gpreempt_chained_sitecustomize", candidate
+            )
             if spec and spec.loader:
                 module = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(module)

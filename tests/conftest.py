@@ -1,0 +1,149 @@
+"""Shared fixtures: a private daemon per test, and workloads whose progress we can watch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+
+def gp_env(runtime_dir: Path) -> dict[str, str]:
+    env = os.environ.copy()
+    env["GPREEMPT_RUNTIME_DIR"] = str(runtime_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def gpreempt(runtime_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run the CLI to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpreempt", *args],
+        env=gp_env(runtime_dir),
+        capture_output=True,
+        text=True,
+        timeout=kwargs.pop("timeout", 30),
+        **kwargs,
+    )
+
+
+def spawn(runtime_dir: Path, *args: str) -> subprocess.Popen:
+    """Start the CLI in the background."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpreempt", *args],
+        env=gp_env(runtime_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def process_state(pid: int) -> str:
+    """One-letter state from /proc (T = stopped), or '' if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ""
+    return stat[stat.rindex(")") + 2]
+
+
+class Daemon:
+    def __init__(self, runtime_dir: Path, *extra: str) -> None:
+        self.runtime_dir = runtime_dir
+        self.process = spawn(runtime_dir, "serve", "--runtime-dir", str(runtime_dir), *extra)
+        if not wait_for(self.answers, 10):
+            self.process.kill()
+            raise RuntimeError(f"daemon did not start: {self.process.communicate()}")
+
+    def answers(self) -> bool:
+        from gpreempt.client.connection import DaemonClient
+        from gpreempt.errors import DaemonUnavailable
+
+        if self.process.poll() is not None:
+            return False
+        try:
+            with DaemonClient.connect(self.runtime_dir, timeout=1) as client:
+                return client.ping()["pid"] == self.process.pid
+        except (DaemonUnavailable, OSError):
+            return False
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path) -> Path:
+    # Unix socket paths are limited to 108 bytes: keep the directory short.
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gp-"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+@pytest.fixture
+def daemon(runtime_dir: Path) -> Iterator[Daemon]:
+    d = Daemon(runtime_dir)
+    yield d
+    d.stop()
+
+
+COUNTER = """
+import sys, time
+path = sys.argv[1]
+i = 0
+while True:
+    i += 1
+    if i % 2000 == 0:
+        with open(path, "w") as f:
+            f.write(str(i))
+"""
+
+
+class Counter:
+    """A CPU loop that writes its progress to a file: progress stops when it is suspended."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def value(self) -> int:
+        try:
+            return int(self.path.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def progress_over(self, seconds: float) -> int:
+        before = self.value()
+        time.sleep(seconds)
+        return self.value() - before
+
+
+@pytest.fixture
+def counter_script(tmp_path: Path) -> Path:
+    script = tmp_path / "counter.py"
+    script.write_text(COUNTER)
+    return script

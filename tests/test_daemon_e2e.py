@@ -1,0 +1,341 @@
+"""The daemon, launcher and client with real processes and the signal mechanism (no GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Counter, Daemon, gpreempt, process_state, spawn, wait_for
+
+HIGH_REQUEST = """
+import gpreempt, sys, time
+time.sleep(0.3)
+with gpreempt.request():
+    open(sys.argv[1], "w").write("in")
+    time.sleep(float(sys.argv[2]))
+open(sys.argv[1], "w").write("out")
+time.sleep(0.5)
+"""
+
+
+def tasks(runtime_dir: Path) -> list[dict]:
+    result = gpreempt(runtime_dir, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["tasks"]
+
+
+def task_named(runtime_dir: Path, name: str) -> dict | None:
+    return next((t for t in tasks(runtime_dir) if t["name"] == name), None)
+
+
+def test_low_task_stops_while_high_request_open(
+    daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    progress = tmp_path / "progress"
+    low = spawn(
+        runtime_dir,
+        "run",
+        "--priority",
+        "low",
+        "--name",
+        "trainer",
+        "--",
+        "python3",
+        str(counter_script),
+        str(progress),
+    )
+    try:
+        counter = Counter(progress)
+        assert wait_for(lambda: counter.value() > 0), "low task never ran"
+        assert wait_for(lambda: task_named(runtime_dir, "trainer") is not None)
+        marker = tmp_path / "marker"
+        script = tmp_path / "high.py"
+        script.write_text(HIGH_REQUEST)
+        high = spawn(
+            runtime_dir,
+            "run",
+            "--priority",
+            "high",
+            "--name",
+            "server",
+            "--",
+            "python3",
+            str(script),
+            str(marker),
+            "2.0",
+        )
+        assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 10)
+        time.sleep(0.2)  # let the suspension land
+        status = task_named(runtime_dir, "trainer")
+        assert status["state"] == "suspended"
+        assert counter.progress_over(0.8) == 0, "low task progressed inside the request"
+        assert wait_for(lambda: marker.read_text() == "out", 10)
+        assert wait_for(lambda: counter.progress_over(0.2) > 0, 5), "low task did not resume"
+        assert high.wait(10) == 0
+        trainer = task_named(runtime_dir, "trainer")
+        assert trainer["state"] == "running"
+        assert trainer["preemptions"] >= 1
+        assert trainer["suspended_seconds"] > 1.0
+        assert trainer["last_mechanism"] == "signal"
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(10)
+    events = gpreempt(runtime_dir, "events", "--json", "--last", "0").stdout.splitlines()
+    kinds = [json.loads(line)["event"] for line in events]
+    for kind in ("registered", "active", "suspend", "idle", "resume", "exit"):
+        assert kind in kinds
+
+
+def test_run_forwards_exit_code_and_signals(daemon: Daemon, runtime_dir: Path) -> None:
+    result = gpreempt(runtime_dir, "run", "--", "python3", "-c", "import sys; sys.exit(7)")
+    assert result.returncode == 7
+    proc = spawn(runtime_dir, "run", "--", "python3", "-c", "import time; time.sleep(30)")
+    assert wait_for(lambda: len(tasks(runtime_dir)) == 1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+
+
+def test_run_unknown_command_is_usage_error(daemon: Daemon, runtime_dir: Path) -> None:
+    result = gpreempt(runtime_dir, "run", "--", "no-such-command-xyz")
+    assert result.returncode == 2
+    assert "command not found" in result.stderr
+
+
+@pytest.mark.parametrize("priority", ["urgent", "256", "-300", "1.5", ""])
+def test_bad_priority_exits_2(runtime_dir: Path, priority: str) -> None:
+    result = gpreempt(runtime_dir, "run", "--priority", priority, "--", "true")
+    assert result.returncode == 2
+    assert "priority" in result.stderr
+
+
+def test_high_killed_inside_request_resumes_low(
+    daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    progress = tmp_path / "progress"
+    low = spawn(
+        runtime_dir,
+        "run",
+        "-p",
+        "low",
+        "--name",
+        "trainer",
+        "--",
+        "python3",
+        str(counter_script),
+        str(progress),
+    )
+    counter = Counter(progress)
+    assert wait_for(lambda: counter.value() > 0)
+    marker = tmp_path / "marker"
+    script = tmp_path / "high.py"
+    script.write_text(HIGH_REQUEST)
+    high = spawn(
+        runtime_dir,
+        "run",
+        "-p",
+        "high",
+        "--name",
+        "server",
+        "--",
+        "python3",
+        str(script),
+        str(marker),
+        "60",
+    )
+    try:
+        assert wait_for(lambda: marker.exists(), 10)
+        assert wait_for(lambda: task_named(runtime_dir, "trainer")["state"] == "suspended", 5)
+        server = task_named(runtime_dir, "server")
+        os.kill(server["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert wait_for(lambda: counter.progress_over(0.05) > 0, 5)
+        assert time.monotonic() - killed_at < 1.5
+        assert high.wait(10) == 128 + signal.SIGKILL
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(10)
+
+
+def test_daemon_sigkill_launcher_resumes_child(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    daemon = Daemon(runtime_dir)
+    progress = tmp_path / "progress"
+    low = spawn(
+        runtime_dir,
+        "run",
+        "-p",
+        "low",
+        "--name",
+        "trainer",
+        "--",
+        "python3",
+        str(counter_script),
+        str(progress),
+    )
+    try:
+        counter = Counter(progress)
+        assert wait_for(lambda: counter.value() > 0)
+        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
+        pid = task_named(runtime_dir, "trainer")["pid"]
+        assert wait_for(lambda: process_state(pid) == "T", 2)
+        daemon.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert wait_for(lambda: process_state(pid) not in ("T", ""), 2)
+        assert time.monotonic() - killed_at < 1.0
+        assert wait_for(lambda: counter.progress_over(0.1) > 0, 2)
+        # A new daemon: the launcher registers again with it.
+        daemon = Daemon(runtime_dir)
+        assert wait_for(lambda: task_named(runtime_dir, "trainer") is not None, 5)
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(10)
+        daemon.stop()
+
+
+def test_new_daemon_resumes_attached_process(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    import subprocess
+
+    progress = tmp_path / "progress"
+    proc = subprocess.Popen(["python3", str(counter_script), str(progress)], start_new_session=True)
+    daemon = Daemon(runtime_dir)
+    try:
+        result = gpreempt(
+            runtime_dir, "attach", "--pid", str(proc.pid), "-p", "low", "--name", "job"
+        )
+        assert result.returncode == 0, result.stderr
+        assert gpreempt(runtime_dir, "suspend", str(proc.pid)).returncode == 0
+        assert wait_for(lambda: process_state(proc.pid) == "T", 2)
+        daemon.stop(signal.SIGKILL)
+        time.sleep(0.3)
+        assert process_state(proc.pid) == "T"  # nobody else knew about it
+        daemon = Daemon(runtime_dir)
+        assert wait_for(lambda: process_state(proc.pid) not in ("T", ""), 2)
+        records = [json.loads(x) for x in (runtime_dir / "events.jsonl").read_text().splitlines()]
+        assert any(
+            r["event"] == "resume" and "previous daemon" in (r["reason"] or "") for r in records
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+        daemon.stop()
+
+
+def test_sigterm_resumes_suspended_tasks(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    import subprocess
+
+    proc = subprocess.Popen(
+        ["python3", str(counter_script), str(tmp_path / "p")], start_new_session=True
+    )
+    daemon = Daemon(runtime_dir)
+    try:
+        assert gpreempt(runtime_dir, "attach", "--pid", str(proc.pid)).returncode == 0
+        assert gpreempt(runtime_dir, "suspend", str(proc.pid)).returncode == 0
+        assert wait_for(lambda: process_state(proc.pid) == "T", 2)
+        daemon.stop(signal.SIGTERM)
+        assert process_state(proc.pid) not in ("T", "")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_manual_suspend_resume_overrides_policy(
+    daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    progress = tmp_path / "progress"
+    job = spawn(
+        runtime_dir, "run", "--name", "job", "--", "python3", str(counter_script), str(progress)
+    )
+    try:
+        counter = Counter(progress)
+        assert wait_for(lambda: counter.value() > 0)
+        assert gpreempt(runtime_dir, "suspend", "job").returncode == 0
+        assert task_named(runtime_dir, "job")["state"] == "held"
+        time.sleep(0.1)
+        assert counter.progress_over(0.4) == 0
+        assert gpreempt(runtime_dir, "resume", "job").returncode == 0
+        assert task_named(runtime_dir, "job")["state"] == "running"
+        assert wait_for(lambda: counter.progress_over(0.1) > 0, 3)
+        kinds = [
+            json.loads(x)["event"] for x in (runtime_dir / "events.jsonl").read_text().splitlines()
+        ]
+        assert "hold" in kinds and "release" in kinds
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(10)
+
+
+def test_python_api_suspend_resume(
+    daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    import subprocess
+
+    import gpreempt as gp
+
+    proc = subprocess.Popen(
+        ["python3", str(counter_script), str(tmp_path / "p")], start_new_session=True
+    )
+    try:
+        assert (
+            gpreempt(runtime_dir, "attach", "--pid", str(proc.pid), "--name", "py").returncode == 0
+        )
+        assert gp.suspend("py", runtime_dir=runtime_dir)["state"] == "held"
+        assert wait_for(lambda: process_state(proc.pid) == "T", 2)
+        assert gp.resume("py", runtime_dir=runtime_dir)["state"] == "running"
+        assert wait_for(lambda: process_state(proc.pid) not in ("T", ""), 2)
+        assert [t["name"] for t in gp.status(runtime_dir)["tasks"]] == ["py"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_attached_task_ends_when_process_exits(daemon: Daemon, runtime_dir: Path) -> None:
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "0.5"])
+    assert gpreempt(runtime_dir, "attach", "--pid", str(proc.pid)).returncode == 0
+    proc.wait()
+    assert wait_for(lambda: tasks(runtime_dir) == [], 3)
+
+
+def test_equal_priorities_never_suspend_each_other(
+    daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    a = spawn(
+        runtime_dir,
+        "run",
+        "--always-active",
+        "--name",
+        "a",
+        "--",
+        "python3",
+        str(counter_script),
+        str(tmp_path / "a"),
+    )
+    b = spawn(
+        runtime_dir,
+        "run",
+        "--always-active",
+        "--name",
+        "b",
+        "--",
+        "python3",
+        str(counter_script),
+        str(tmp_path / "b"),
+    )
+    try:
+        assert wait_for(lambda: len(tasks(runtime_dir)) == 2)
+        time.sleep(0.3)
+        assert {t["state"] for t in tasks(runtime_dir)} == {"running"}
+    finally:
+        for p in (a, b):
+            p.send_signal(signal.SIGTERM)
+            p.wait(10)
