@@ -29,7 +29,7 @@ DEFAULT_IDLE_GRACE_MS = 2.0
 
 
 def default_runtime_dir() -> Path:
-    """``$GPREEMPT_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/gpreempt``, else ``/tmp/gpreempt-<uid>``."""
+    """``$GPREEMPT_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/gpreempt``, else ``/tmp/gpreempt-UID``."""
     explicit = os.environ.get(ENV_RUNTIME_DIR)
     if explicit:
         return Path(explicit)
