@@ -34,5 +34,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             reply = client.restore(args.target)
     task = reply["task"]
-    print(f"{task['name']} ({task['pid']}): {task['state']}")
+    line = f"{task['name']} ({task['pid']}): {task['state']}"
+    if task.get("evicted_bytes"):
+        line += f", {task['evicted_bytes'] / 2**30:.2f} GiB on the host"
+    if reply.get("pending"):
+        line += " (not enough free GPU memory yet: restores automatically when there is room)"
+    print(line)
     return 0

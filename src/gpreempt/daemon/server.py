@@ -100,6 +100,8 @@ class Daemon:
         self._last_liveness = 0.0
         self._last_account = time.monotonic()
         self.metrics: Any = None
+        #: Set when something changed outside reconcile (a restore): reconcile soon.
+        self.dirty = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -131,6 +133,9 @@ class Daemon:
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
 
         self.mechanisms = MechanismSet(self.lock_timeout_ms)
+        from .memory import MemoryManager
+
+        self.memory = MemoryManager(self)
         self.events = EventLog(self.runtime_dir / EVENTS_NAME)
         self.state_path = self.runtime_dir / STATE_NAME
         for record, outcome in persist.resume_leftovers(self.state_path):
@@ -198,7 +203,8 @@ class Daemon:
                 if now - self._last_liveness >= LIVENESS_PERIOD_S:
                     self._last_liveness = now
                     self._check_liveness()
-                if self.wake_at is not None and now >= self.wake_at:
+                if self.dirty or (self.wake_at is not None and now >= self.wake_at):
+                    self.dirty = False
                     self.reconcile()
         finally:
             self.shutdown()
@@ -207,9 +213,20 @@ class Daemon:
         """Resume every suspended task, then release the runtime directory."""
         for task in list(self.registry.tasks.values()):
             task.held = False
+            if task.evicted:
+                try:
+                    restored = self.memory.restore(task, reason="daemon stopping")
+                except GpreemptError:
+                    restored = False
+                if not restored:
+                    self.log(
+                        f"{task.name} stays evicted (no room to restore it); restore it "
+                        "with `gpreempt restore` under a new daemon"
+                    )
+                    continue
             if task.suspended:
                 self._resume(task, reason="daemon stopping")
-        persist.save(self.state_path, [])
+        self._persist()
         self.events.write("daemon-stop", pid=os.getpid())
         for peer in list(self.peers.values()):
             peer.connection.close()
@@ -490,20 +507,18 @@ class Daemon:
         return {"task": task.describe(time.monotonic())}
 
     def _op_evict(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        from .memory import evict_task
-
         task = self.registry.find(str(message["target"]))
         self._check_owner(peer, task.uid, f"task {task.name!r}")
-        evict_task(self, task, reason=f"by uid {peer.uid}")
+        self.memory.evict(task, reason=f"by uid {peer.uid}")
         return {"task": task.describe(time.monotonic())}
 
     def _op_restore(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        from .memory import restore_task
-
         task = self.registry.find(str(message["target"]))
         self._check_owner(peer, task.uid, f"task {task.name!r}")
-        restore_task(self, task, reason=f"by uid {peer.uid}")
-        return {"task": task.describe(time.monotonic())}
+        if not self.memory.restore(task, reason=f"by uid {peer.uid}"):
+            return {"task": task.describe(time.monotonic()), "pending": True}
+        self.reconcile()
+        return {"task": task.describe(time.monotonic()), "pending": False}
 
     # ------------------------------------------------------------------ scheduling
     def _end_task(self, task: Task, reason: str) -> None:
@@ -516,6 +531,8 @@ class Daemon:
         )
 
     def _check_liveness(self) -> None:
+        if self.memory.needed():
+            self.memory.enforce_reserves()
         changed = False
         for task in list(self.registry.tasks.values()):
             if not alive(task.pid, task.start_time):
@@ -566,6 +583,8 @@ class Daemon:
         if changed:
             self._persist()
             self._publish_states()
+        if self.memory.needed():
+            self.memory.enforce_reserves()
 
     def _suspend(self, task: Task) -> bool:
         mechanism = self.mechanisms.get(task.mechanism)

@@ -1,0 +1,322 @@
+"""Memory preemption: move a less important task's GPU memory to the host and back.
+
+Eviction locks the task (no more CUDA calls, in-flight work drained), then checkpoints it:
+the driver copies its device memory to host memory and frees it on the GPU. Restore does
+the reverse, and only when the GPU has room for the whole footprint, since a restore that
+runs out of memory can leave the process stuck. The process is never killed.
+
+Two triggers: by hand (``gpreempt evict|restore``), and a task registered with
+``--reserve-memory``: while it is active and the GPU's free memory is below its reserve,
+less important tasks on that GPU are evicted (lowest priority first, then largest
+footprint); they come back once no such task has been active for ``RESTORE_AFTER_S`` and
+their footprint fits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import MechanismFailed, MechanismUnavailable, UsageError
+from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
+from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
+from .registry import Task
+
+if TYPE_CHECKING:
+    from .server import Daemon
+
+#: A task evicted for another's reserve comes back this long after the reserve is released.
+RESTORE_AFTER_S = 2.0
+#: Keep this fraction of host memory free when checkpointing into it.
+HOST_HEADROOM = 0.10
+#: Room to leave on the GPU beyond a restored footprint (allocator slack, contexts).
+GPU_HEADROOM_BYTES = 256 << 20
+
+
+@dataclass
+class GpuMemory:
+    free: int
+    total: int
+
+
+class MemoryProbe:
+    """GPU and host memory readings; NVML through the project's one NVML module."""
+
+    def __init__(self) -> None:
+        self._nvml = None
+
+    def _session(self):  # type: ignore[no-untyped-def]
+        from ..monitor.nvml import NA, open_nvml
+
+        if self._nvml is None:
+            nv = open_nvml()
+            if isinstance(nv, NA):
+                raise MechanismUnavailable(f"cannot read GPU memory: {nv.reason}")
+            self._nvml = nv
+        return self._nvml
+
+    def gpu(self, index: int) -> GpuMemory:
+        info = self._session().gpu(index, with_processes=False)
+        if not isinstance(info.memory_total, int) or not isinstance(info.memory_used, int):
+            raise MechanismUnavailable(f"NVML does not report memory of GPU {index}")
+        return GpuMemory(free=info.memory_total - info.memory_used, total=info.memory_total)
+
+    def footprint(self, index: int, pid: int) -> int:
+        """Device memory ``pid`` holds on GPU ``index`` (0 if NVML does not list it)."""
+        nv = self._session()
+        handle = nv._call("nvmlDeviceGetHandleByIndex", index)
+        processes = nv.processes(handle)
+        for process in processes if isinstance(processes, list) else []:
+            if process.pid == pid and isinstance(process.used_memory, int):
+                return process.used_memory
+        return 0
+
+    @staticmethod
+    def host_available() -> int:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
+def refuse_unsupported(task: Task) -> None:
+    """Refuse, with the reason, processes the driver checkpoint API cannot handle."""
+    if len(task.gpus) > 1:
+        raise MechanismUnavailable(
+            f"task {task.name!r} uses several GPUs; the driver checkpoint API does not support "
+            "multi-GPU (NCCL) jobs"
+        )
+    try:
+        maps = Path(f"/proc/{task.pid}/maps").read_text(errors="replace")
+    except OSError:
+        maps = ""
+    if "libnccl" in maps:
+        raise MechanismUnavailable(
+            f"task {task.name!r} has NCCL loaded; the driver checkpoint API does not support "
+            "NCCL jobs"
+        )
+    try:
+        environ = Path(f"/proc/{task.pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        environ = []
+    if any(e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=") for e in environ) or _mps_server_runs():
+        raise MechanismUnavailable(
+            f"task {task.name!r} is (or may be) an MPS client, and the driver checkpoint API "
+            "does not support MPS; stop the MPS control daemon to use eviction"
+        )
+
+
+def _mps_server_runs() -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("nvidia-cuda-mps"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+class MemoryManager:
+    """Evicts and restores tasks' GPU memory for the daemon."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        probe: MemoryProbe | None = None,
+        driver: CheckpointDriver | None = None,
+    ) -> None:
+        self.daemon = daemon
+        self.probe = probe or MemoryProbe()
+        self._driver = driver
+        #: Tasks evicted to make room for a reserve (restored automatically), by task id.
+        self.auto_evicted: set[int] = set()
+        #: Tasks waiting for room on their GPU to be restored.
+        self.pending_restore: set[int] = set()
+        #: Last time a reserving task was active, per GPU.
+        self.reserve_active_at: dict[int, float] = {}
+        self._busy = False
+
+    @property
+    def driver(self) -> CheckpointDriver:
+        if self._driver is not None:
+            return self._driver
+        if self.daemon.mechanisms.lock_unavailable:
+            raise MechanismUnavailable(
+                "memory eviction needs the NVIDIA driver checkpoint API: "
+                + self.daemon.mechanisms.lock_unavailable
+            )
+        return CheckpointDriver.get()
+
+    # ------------------------------------------------------------------ operations
+    def evict(self, task: Task, reason: str) -> None:
+        if task.evicted:
+            raise UsageError(f"task {task.name!r} is already evicted")
+        refuse_unsupported(task)
+        driver = self.driver
+        state = driver.state(task.pid)
+        if state == ProcessState.FAILED:
+            raise MechanismFailed(
+                f"the driver reports task {task.name!r} (pid {task.pid}) in the FAILED state; "
+                "it cannot be checkpointed. Check the process's own output; it may need a restart"
+            )
+        footprint = self.probe.footprint(task.gpu, task.pid)
+        available = self.probe.host_available()
+        if footprint > available * (1 - HOST_HEADROOM):
+            raise MechanismFailed(
+                f"not enough host memory to evict {task.name!r}: it holds "
+                f"{footprint / 2**30:.1f} GiB on the GPU and {available / 2**30:.1f} GiB are "
+                "available on the host"
+            )
+        start = time.perf_counter()
+        if state == ProcessState.RUNNING:
+            driver.lock(task.pid, self.daemon.lock_timeout_ms or DEFAULT_LOCK_TIMEOUT_MS)
+        driver.checkpoint(task.pid)
+        seconds = time.perf_counter() - start
+        was = task.suspended_with if task.suspended else None
+        task.evicted = True
+        task.evicted_bytes = footprint
+        if not task.suspended:
+            task.suspended = True
+            task.suspended_since = time.monotonic()
+            task.preemptions += 1
+        task.suspended_with = "lock" if was in (None, "lock") else was
+        self.daemon.events.write(
+            "evict",
+            task=task.name,
+            task_id=task.task_id,
+            pid=task.pid,
+            gpu=task.gpu,
+            mechanism="evict",
+            latency_ms=seconds * 1e3,
+            reason=reason,
+            bytes=footprint,
+            gb_per_s=round(footprint / seconds / 1e9, 3) if seconds > 0 else None,
+        )
+        if self.daemon.metrics is not None:
+            self.daemon.metrics.on_evict(task.gpu, task.name, footprint, seconds)
+        self.daemon._persist()
+
+    def restore(self, task: Task, reason: str) -> bool:
+        """Restore now if the GPU has room; otherwise queue it and return False."""
+        if not task.evicted:
+            raise UsageError(f"task {task.name!r} is not evicted")
+        memory = self.probe.gpu(task.gpu)
+        if memory.free < task.evicted_bytes + GPU_HEADROOM_BYTES:
+            self.pending_restore.add(task.task_id)
+            return False
+        driver = self.driver
+        start = time.perf_counter()
+        driver.restore(task.pid)
+        seconds = time.perf_counter() - start
+        state = driver.state(task.pid)
+        if state == ProcessState.FAILED:
+            self.daemon.events.write(
+                "error",
+                task=task.name,
+                task_id=task.task_id,
+                pid=task.pid,
+                gpu=task.gpu,
+                mechanism="evict",
+                reason="restore left the process FAILED; it may need a restart",
+            )
+            raise MechanismFailed(
+                f"restoring {task.name!r} left it in the FAILED state; the process may need "
+                "a restart"
+            )
+        task.evicted = False
+        self.pending_restore.discard(task.task_id)
+        self.auto_evicted.discard(task.task_id)
+        self.daemon.events.write(
+            "restore",
+            task=task.name,
+            task_id=task.task_id,
+            pid=task.pid,
+            gpu=task.gpu,
+            mechanism="evict",
+            latency_ms=seconds * 1e3,
+            reason=reason,
+            bytes=task.evicted_bytes,
+            gb_per_s=round(task.evicted_bytes / seconds / 1e9, 3) if seconds > 0 else None,
+        )
+        if self.daemon.metrics is not None:
+            self.daemon.metrics.on_restore(task.gpu, task.name, task.evicted_bytes, seconds)
+        # Still locked: the daemon's next reconcile lets it run if the policy allows.
+        self.daemon.dirty = True
+        return True
+
+    # ------------------------------------------------------------------ reserve trigger
+    def enforce_reserves(self) -> None:
+        """Evict for active reserving tasks; restore what is no longer needed."""
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            self._enforce_reserves()
+        finally:
+            self._busy = False
+
+    def needed(self) -> bool:
+        """Whether :meth:`enforce_reserves` has anything to look at."""
+        return bool(self.auto_evicted or self.pending_restore) or any(
+            t.reserve_bytes > 0 for t in self.daemon.registry.tasks.values()
+        )
+
+    def _enforce_reserves(self) -> None:
+        tasks = list(self.daemon.registry.tasks.values())
+        reservers = [t for t in tasks if t.reserve_bytes > 0 and t.active and not t.held]
+        now = time.monotonic()
+        for reserver in reservers:
+            for gpu in reserver.gpus:
+                self.reserve_active_at[gpu] = now
+                self._make_room(reserver, gpu, tasks)
+        for task_id in sorted(self.auto_evicted | self.pending_restore):
+            task = self.daemon.registry.tasks.get(task_id)
+            if task is None:
+                self.auto_evicted.discard(task_id)
+                self.pending_restore.discard(task_id)
+                continue
+            last = self.reserve_active_at.get(task.gpu, 0.0)
+            if task_id in self.auto_evicted and now - last < RESTORE_AFTER_S:
+                continue
+            try:
+                self.restore(task, reason="reserve released")
+            except (MechanismFailed, MechanismUnavailable):
+                self.auto_evicted.discard(task_id)
+                self.pending_restore.discard(task_id)
+
+    def _make_room(self, reserver: Task, gpu: int, tasks: list[Task]) -> None:
+        try:
+            memory = self.probe.gpu(gpu)
+        except MechanismUnavailable:
+            return
+        if memory.free >= reserver.reserve_bytes:
+            return
+        candidates = [
+            t for t in tasks if gpu in t.gpus and t.priority < reserver.priority and not t.evicted
+        ]
+        footprints = {t.task_id: self.probe.footprint(gpu, t.pid) for t in candidates}
+        candidates.sort(key=lambda t: (t.priority, -footprints[t.task_id]))
+        free = memory.free
+        for victim in candidates:
+            if free >= reserver.reserve_bytes:
+                break
+            if footprints[victim.task_id] <= 0:
+                continue
+            try:
+                self.evict(victim, reason=f"room for {reserver.name!r}'s reserve")
+            except (MechanismFailed, MechanismUnavailable) as exc:
+                self.daemon.events.write(
+                    "error",
+                    task=victim.name,
+                    task_id=victim.task_id,
+                    pid=victim.pid,
+                    gpu=gpu,
+                    mechanism="evict",
+                    reason=f"eviction for a reserve failed: {exc}",
+                )
+                continue
+            self.auto_evicted.add(victim.task_id)
+            free += footprints[victim.task_id]
