@@ -14,12 +14,14 @@ their footprint fits.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import MechanismFailed, MechanismUnavailable, UsageError
+from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
 from .registry import Task
@@ -170,19 +172,29 @@ class MemoryManager:
                 f"{footprint / 2**30:.1f} GiB on the GPU and {available / 2**30:.1f} GiB are "
                 "available on the host"
             )
+        stopped = task.suspended and task.suspended_with == "signal"
         start = time.perf_counter()
-        if state == ProcessState.RUNNING:
-            driver.lock(task.pid, self.daemon.lock_timeout_ms or DEFAULT_LOCK_TIMEOUT_MS)
-        driver.checkpoint(task.pid)
+        if stopped:  # the driver needs the process's threads to take the lock
+            signal_mechanism.send(task.target(), signal.SIGCONT)
+        try:
+            if state == ProcessState.RUNNING:
+                driver.lock(task.pid, self.daemon.lock_timeout_ms or DEFAULT_LOCK_TIMEOUT_MS)
+            driver.checkpoint(task.pid)
+        finally:
+            if stopped:
+                signal_mechanism.send(task.target(), signal.SIGSTOP)
         seconds = time.perf_counter() - start
-        was = task.suspended_with if task.suspended else None
         task.evicted = True
         task.evicted_bytes = footprint
         if not task.suspended:
+            # Evicted while running: it stays locked after its restore until the policy lets
+            # it run, like any task the lock mechanism suspended.
             task.suspended = True
+            task.suspended_with = "lock"
             task.suspended_since = time.monotonic()
             task.preemptions += 1
-        task.suspended_with = "lock" if was in (None, "lock") else was
+        # The lock taken here is not the policy's suspension: undo it right after restore.
+        task.evict_unlock = task.suspended_with != "lock"
         self.daemon.events.write(
             "evict",
             task=task.name,
@@ -226,6 +238,8 @@ class MemoryManager:
                 f"restoring {task.name!r} left it in the FAILED state; the process may need "
                 "a restart"
             )
+        if task.evict_unlock:
+            driver.unlock(task.pid)
         task.evicted = False
         self.pending_restore.discard(task.task_id)
         self.auto_evicted.discard(task.task_id)

@@ -45,6 +45,8 @@ class Task:
     held: bool = False
     evicted: bool = False
     evicted_bytes: int = 0
+    #: Unlock right after restoring (the eviction's lock was not how the policy suspended it).
+    evict_unlock: bool = False
     preemptions: int = 0
     suspended_seconds: float = 0.0
     last_suspend_ms: float | None = None

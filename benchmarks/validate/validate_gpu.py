@@ -1,0 +1,586 @@
+"""End-to-end checks of the driver lock and memory eviction on an NVIDIA GPU.
+
+    python benchmarks/validate/validate_gpu.py all --out OUTDIR
+
+1. lock under `gpreempt run`: a PyTorch training run is suspended and resumed 120 times by
+   hand; it must stop progressing while suspended and end with weights bit-identical to an
+   undisturbed run with the same seed (a second undisturbed run is the determinism control).
+2. lock under `gpreempt attach`: the same for an already running PyTorch process and for a
+   CuPy loop (a CUDA program that is not PyTorch).
+3. memory: a high-priority process with --reserve-memory needs more GPU memory than is
+   free beside a training run; the daemon evicts the training run, the high-priority process
+   allocates and finishes, the training run is restored and ends bit-identical.
+4. eviction and restore rates (GB/s) for several footprints, beside the host-device copy
+   bandwidth (pinned and pageable) measured in the same run.
+
+Writes OUTDIR/validate.json and prints a summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+
+
+# ---------------------------------------------------------------------- workloads
+def train(args: argparse.Namespace) -> None:
+    """Deterministic small Transformer training; writes progress and a hash of the weights."""
+    import torch
+
+    torch.manual_seed(0)
+    device = "cuda"
+    ballast = None
+    if args.ballast_gib:
+        ballast = torch.ones(int(args.ballast_gib * (1 << 30)) // 4, device=device)
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, 4).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device=device)
+    progress = Path(args.progress)
+    progress.write_text("0")
+    for step in range(args.steps):
+        gen.manual_seed(step)
+        x = torch.randn(8, 256, 512, device=device, generator=gen)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 5 == 0:
+            loss.item()
+            progress.write_text(str(step))
+    torch.cuda.synchronize()
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().float().cpu().numpy().tobytes())
+    if ballast is not None:
+        digest.update(str(float(ballast.sum().item())).encode())
+    Path(args.result).write_text(digest.hexdigest())
+    progress.write_text(str(args.steps))
+
+
+def cupy_loop(args: argparse.Namespace) -> None:
+    """A CUDA program without PyTorch: matrix products in a loop, progress to a file."""
+    import cupy as cp
+
+    a = cp.random.rand(4096, 4096, dtype=cp.float32)
+    progress = Path(args.progress)
+    i = 0
+    deadline = time.time() + args.seconds
+    while time.time() < deadline:
+        a = a @ a
+        a /= cp.linalg.norm(a)
+        cp.cuda.runtime.deviceSynchronize()
+        i += 1
+        progress.write_text(str(i))
+
+
+def hold_memory(args: argparse.Namespace) -> None:
+    """Hold a GPU buffer of a given size until killed (a footprint to evict)."""
+    import torch
+
+    buf = torch.ones(int(args.gib * (1 << 30)) // 4, device="cuda")
+    torch.cuda.synchronize()
+    Path(args.progress).write_text("ready")
+    while True:
+        time.sleep(1)
+        del_me = buf  # keep it alive
+        del del_me
+
+
+def need_memory(args: argparse.Namespace) -> None:
+    """High-priority work that needs more memory than is free: waits for room inside request()."""
+    import torch
+
+    import gpreempt
+
+    torch.cuda.init()
+    need = int(args.gib * (1 << 30))
+    report = {"need_bytes": need}
+    with gpreempt.request():
+        start = time.perf_counter()
+        free0, _ = torch.cuda.mem_get_info()
+        report["free_at_request"] = free0
+        while torch.cuda.mem_get_info()[0] < need + (1 << 30):
+            if time.perf_counter() - start > 30:
+                report["error"] = "no room after 30 s"
+                Path(args.result).write_text(json.dumps(report))
+                sys.exit(1)
+            time.sleep(0.01)
+        report["waited_s"] = time.perf_counter() - start
+        buf = torch.empty(need // 2, dtype=torch.float16, device="cuda")
+        buf.fill_(1.0)
+        report["sum"] = float(buf[:1000].float().sum().item())
+        torch.cuda.synchronize()
+        del buf
+        torch.cuda.empty_cache()
+    report["ok"] = True
+    Path(args.result).write_text(json.dumps(report))
+
+
+# ---------------------------------------------------------------------- orchestration
+def env_for(rt: Path) -> dict[str, str]:
+    env = os.environ.copy()
+    env["GPREEMPT_RUNTIME_DIR"] = str(rt)
+    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def cli(rt: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpreempt", *args], env=env_for(rt), capture_output=True, text=True
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"gpreempt {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def me(*args: str) -> list[str]:
+    return [sys.executable, str(HERE), *args]
+
+
+def wait_file(path: Path, predicate=lambda text: bool(text), timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            text = path.read_text()
+            if predicate(text):
+                return text
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} not ready after {timeout} s")
+
+
+def progress_of(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (ValueError, FileNotFoundError):
+        return 0
+
+
+def start_daemon(rt: Path) -> subprocess.Popen:
+    rt.mkdir(parents=True, exist_ok=True)
+    os.chmod(rt, 0o700)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(rt)],
+        env=env_for(rt),
+        stderr=open(rt / "serve.log", "w"),  # noqa: SIM115
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if cli(rt, "status", "--json", check=False).returncode == 0:
+            return proc
+        time.sleep(0.1)
+    raise RuntimeError("daemon did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def hammer(rt: Path, target: str, progress: Path, times: int, hold_s: float) -> dict:
+    """Suspend and resume a task by hand ``times`` times; check it stalls while suspended."""
+    import gpreempt
+    from gpreempt.mechanisms.cuda_driver import CheckpointDriver
+
+    driver = CheckpointDriver.get()
+    stalls, moved, latencies = 0, 0, []
+    pid = None
+    for i in range(times):
+        start = time.perf_counter()
+        task = gpreempt.suspend(target, runtime_dir=rt)
+        latencies.append((time.perf_counter() - start) * 1e3)
+        pid = task["pid"]
+        state = driver.state(pid).name
+        if i % 10 == 0:  # a longer look: progress must not move while locked
+            before = progress_of(progress)
+            time.sleep(0.3)
+            after = progress_of(progress)
+            stalls += 1
+            moved += after != before
+            assert state == "LOCKED", state
+        else:
+            time.sleep(hold_s)
+        gpreempt.resume(target, runtime_dir=rt)
+        time.sleep(hold_s)
+    status = next(t for t in gpreempt.status(rt)["tasks"] if t["pid"] == pid)
+    return {
+        "suspensions": times,
+        "stall_checks": stalls,
+        "progress_moved_while_locked": moved,
+        "suspend_call_ms_p50": sorted(latencies)[len(latencies) // 2],
+        "suspend_call_ms_max": max(latencies),
+        "status_preemptions": status["preemptions"],
+        "status_last_suspend_ms": status["last_suspend_ms"],
+    }
+
+
+def undisturbed(out: Path, tag: str, steps: int, ballast: float = 0.0) -> str:
+    result = out / f"hash-{tag}.txt"
+    subprocess.run(
+        me(
+            "train",
+            "--steps",
+            str(steps),
+            "--progress",
+            str(out / f"p-{tag}"),
+            "--result",
+            str(result),
+            "--ballast-gib",
+            str(ballast),
+        ),
+        check=True,
+        env=env_for(out / "none"),
+    )
+    return result.read_text()
+
+
+def check_lock_run(out: Path, steps: int) -> dict:
+    rt = out / "rt-run"
+    daemon = start_daemon(rt)
+    try:
+        progress, result = out / "p-run", out / "hash-run.txt"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpreempt",
+                "run",
+                "--runtime-dir",
+                str(rt),
+                "--priority",
+                "low",
+                "--mechanism",
+                "lock",
+                "--name",
+                "trainer",
+                "--",
+            ]
+            + me(
+                "train", "--steps", str(steps), "--progress", str(progress), "--result", str(result)
+            ),
+            env=env_for(rt),
+        )
+        wait_file(progress, lambda t: t.isdigit() and int(t) >= 10)
+        report = hammer(rt, "trainer", progress, 120, 0.005)
+        report["exit_code"] = proc.wait(600)
+        report["hash"] = result.read_text()
+        return report
+    finally:
+        stop(daemon)
+
+
+def check_lock_attach(out: Path, steps: int) -> dict:
+    rt = out / "rt-attach"
+    daemon = start_daemon(rt)
+    report: dict = {}
+    try:
+        progress, result = out / "p-attach", out / "hash-attach.txt"
+        proc = subprocess.Popen(
+            me(
+                "train", "--steps", str(steps), "--progress", str(progress), "--result", str(result)
+            ),
+            env=env_for(out / "none"),
+            start_new_session=True,
+        )
+        wait_file(progress, lambda t: t.isdigit() and int(t) >= 10)
+        cli(
+            rt,
+            "attach",
+            "--pid",
+            str(proc.pid),
+            "--priority",
+            "low",
+            "--mechanism",
+            "lock",
+            "--name",
+            "attached-trainer",
+        )
+        report["torch"] = hammer(rt, "attached-trainer", progress, 100, 0.005)
+        report["torch"]["exit_code"] = proc.wait(600)
+        report["torch"]["hash"] = result.read_text()
+
+        cprog = out / "p-cupy"
+        cupy = subprocess.Popen(
+            me("cupy", "--progress", str(cprog), "--seconds", "60"), start_new_session=True
+        )
+        try:
+            wait_file(cprog, lambda t: t.isdigit() and int(t) >= 3)
+            cli(
+                rt,
+                "attach",
+                "--pid",
+                str(cupy.pid),
+                "--priority",
+                "low",
+                "--mechanism",
+                "lock",
+                "--name",
+                "cupy-loop",
+            )
+            report["cupy"] = hammer(rt, "cupy-loop", cprog, 20, 0.02)
+            before = progress_of(cprog)
+            time.sleep(0.5)
+            report["cupy"]["progress_after_release"] = progress_of(cprog) - before
+        finally:
+            cupy.kill()
+            cupy.wait()
+        report["status"] = json.loads(cli(rt, "status", "--json").stdout)
+        return report
+    finally:
+        stop(daemon)
+
+
+def check_memory(out: Path, steps: int, ballast: float, need: float) -> dict:
+    rt = out / "rt-mem"
+    daemon = start_daemon(rt)
+    try:
+        progress, result = out / "p-mem", out / "hash-mem.txt"
+        trainer = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpreempt",
+                "run",
+                "--runtime-dir",
+                str(rt),
+                "--priority",
+                "low",
+                "--name",
+                "trainer",
+                "--",
+            ]
+            + me(
+                "train",
+                "--steps",
+                str(steps),
+                "--progress",
+                str(progress),
+                "--result",
+                str(result),
+                "--ballast-gib",
+                str(ballast),
+            ),
+            env=env_for(rt),
+        )
+        wait_file(progress, lambda t: t.isdigit() and int(t) >= 10)
+        hi_result = out / "need.json"
+        high = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpreempt",
+                "run",
+                "--runtime-dir",
+                str(rt),
+                "--priority",
+                "high",
+                "--reserve-memory",
+                f"{need + 2}GiB",
+                "--name",
+                "server",
+                "--",
+            ]
+            + me("need", "--gib", str(need), "--result", str(hi_result)),
+            env=env_for(rt),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        report = {"high_exit_code": high.returncode, "high": json.loads(hi_result.read_text())}
+        report["trainer_exit_code"] = trainer.wait(600)
+        report["hash"] = result.read_text()
+        events = [json.loads(x) for x in (rt / "events.jsonl").read_text().splitlines()]
+        report["events"] = [e for e in events if e["event"] in ("evict", "restore", "error")]
+        return report
+    finally:
+        stop(daemon)
+
+
+def check_rates(out: Path, sizes: list[float]) -> dict:
+    import torch
+
+    rates: dict = {"evict": [], "copy": {}}
+    n = int(4 * (1 << 30))
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    for label, pinned in (("pinned", True), ("pageable", False)):
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+        for direction in ("d2h", "h2d"):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(3):
+                if direction == "d2h":
+                    host.copy_(dev, non_blocking=pinned)
+                else:
+                    dev.copy_(host, non_blocking=pinned)
+            torch.cuda.synchronize()
+            rates["copy"][f"{direction}_{label}_gb_s"] = 3 * n / (time.perf_counter() - start) / 1e9
+        del host
+    del dev
+    torch.cuda.empty_cache()
+    rt = out / "rt-rates"
+    daemon = start_daemon(rt)
+    try:
+        import gpreempt
+
+        for gib in sizes:
+            progress = out / f"p-hold-{gib}"
+            proc = subprocess.Popen(
+                me("hold", "--gib", str(gib), "--progress", str(progress)), start_new_session=True
+            )
+            try:
+                wait_file(progress, lambda t: t == "ready")
+                name = f"hold-{gib}"
+                cli(rt, "attach", "--pid", str(proc.pid), "--mechanism", "lock", "--name", name)
+                gpreempt.evict(name, runtime_dir=rt)
+                gpreempt.restore(name, runtime_dir=rt)
+            finally:
+                proc.kill()
+                proc.wait()
+        events = [json.loads(x) for x in (rt / "events.jsonl").read_text().splitlines()]
+        for e in events:
+            if e["event"] in ("evict", "restore"):
+                rates["evict"].append(
+                    {k: e.get(k) for k in ("event", "task", "bytes", "latency_ms", "gb_per_s")}
+                )
+        return rates
+    finally:
+        stop(daemon)
+
+
+def run_all(args: argparse.Namespace) -> None:
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    free, total = torch.cuda.mem_get_info()
+    gib = 1 << 30
+    ballast = round(free / gib * 0.55, 1)
+    need = round(free / gib * 0.60, 1)
+    results: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "free_gib_at_start": free / gib,
+        "params": {"steps": args.steps, "ballast_gib": ballast, "need_gib": need},
+    }
+    sections = [
+        (
+            "undisturbed",
+            lambda: {
+                "hash_a": undisturbed(out, "a", args.steps),
+                "hash_b": undisturbed(out, "b", args.steps),
+                "hash_ballast": undisturbed(out, "ballast", args.steps, ballast),
+            },
+        ),
+        ("lock_run", lambda: check_lock_run(out, args.steps)),
+        ("lock_attach", lambda: check_lock_attach(out, args.steps)),
+        ("memory", lambda: check_memory(out, args.steps, ballast, need)),
+        ("rates", lambda: check_rates(out, [1.0, 4.0, 16.0])),
+    ]
+    for name, fn in sections:
+        start = time.time()
+        try:
+            results[name] = fn()
+        except Exception as exc:  # keep going: report every section
+            results[name] = {"error": repr(exc)}
+        results[name]["seconds"] = round(time.time() - start, 1)
+        (out / "validate.json").write_text(json.dumps(results, indent=1, default=str))
+        print(f"[{name}] done in {results[name]['seconds']} s", flush=True)
+    summarize(results)
+
+
+def summarize(r: dict) -> None:
+    u = r.get("undisturbed", {})
+    ref = u.get("hash_a")
+    rows = [
+        ("determinism control (two undisturbed runs equal)", u.get("hash_a") == u.get("hash_b"))
+    ]
+    lr = r.get("lock_run", {})
+    rows += [
+        ("run+lock: suspensions", lr.get("status_preemptions")),
+        (
+            "run+lock: progress moved while locked (of checks)",
+            f"{lr.get('progress_moved_while_locked')}/{lr.get('stall_checks')}",
+        ),
+        ("run+lock: suspend call p50 ms", lr.get("suspend_call_ms_p50")),
+        ("run+lock: weights bit-identical", lr.get("hash") == ref),
+    ]
+    la = r.get("lock_attach", {})
+    t, c = la.get("torch", {}), la.get("cupy", {})
+    rows += [
+        ("attach+lock torch: suspensions", t.get("status_preemptions")),
+        ("attach+lock torch: moved while locked", f"{t.get('progress_moved_while_locked')}"),
+        ("attach+lock torch: weights bit-identical", t.get("hash") == ref),
+        ("attach+lock cupy: moved while locked", f"{c.get('progress_moved_while_locked')}"),
+        ("attach+lock cupy: iterations 0.5 s after release", c.get("progress_after_release")),
+    ]
+    m = r.get("memory", {})
+    rows += [
+        ("memory: high-priority exit code", m.get("high_exit_code")),
+        (
+            "memory: evictions/restores",
+            f"{sum(e['event'] == 'evict' for e in m.get('events', []))}"
+            f"/{sum(e['event'] == 'restore' for e in m.get('events', []))}",
+        ),
+        ("memory: trainer weights bit-identical", m.get("hash") == u.get("hash_ballast")),
+    ]
+    for e in r.get("rates", {}).get("evict", []):
+        rows.append((f"{e['event']} {e['bytes'] / 2**30:.1f} GiB: GB/s", e["gb_per_s"]))
+    for k, v in r.get("rates", {}).get("copy", {}).items():
+        rows.append((f"copy {k}", round(v, 1)))
+    for name in ("lock_run", "lock_attach", "memory", "rates"):
+        if "error" in r.get(name, {}):
+            rows.append((f"{name} ERROR", r[name]["error"][:200]))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--progress", required=True)
+    p.add_argument("--result", required=True)
+    p.add_argument("--ballast-gib", type=float, default=0.0)
+    p.set_defaults(fn=train)
+    p = sub.add_parser("cupy")
+    p.add_argument("--progress", required=True)
+    p.add_argument("--seconds", type=float, default=60)
+    p.set_defaults(fn=cupy_loop)
+    p = sub.add_parser("hold")
+    p.add_argument("--gib", type=float, required=True)
+    p.add_argument("--progress", required=True)
+    p.set_defaults(fn=hold_memory)
+    p = sub.add_parser("need")
+    p.add_argument("--gib", type=float, required=True)
+    p.add_argument("--result", required=True)
+    p.set_defaults(fn=need_memory)
+    p = sub.add_parser("all")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=300)
+    p.set_defaults(fn=run_all)
+    args = parser.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
