@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
 
 
 def add_runtime_dir(parser: argparse.ArgumentParser) -> None:
