@@ -113,14 +113,16 @@ def daemon(runtime_dir: Path) -> Iterator[Daemon]:
 
 
 COUNTER = """
-import sys, time
+import os, sys
 path = sys.argv[1]
+tmp = path + ".tmp"
 i = 0
 while True:
     i += 1
     if i % 2000 == 0:
-        with open(path, "w") as f:
+        with open(tmp, "w") as f:
             f.write(str(i))
+        os.replace(tmp, path)  # readers never see a half-written number
 """
 
 

@@ -1,8 +1,8 @@
 """PNG plots of a run (matplotlib, imported only here), each saved with its data as JSON.
 
 - ``latency_cdf.png``: Case-A latency CDF, one line per scenario.
-- ``timeline.png``: a slice of the window per co-located scenario: each Case-A request from
-  scheduled arrival to completion, Case-B's suspended periods (daemon events) shaded, and
+- ``timeline.png``: the first 100 ms of each co-located scenario's window: each Case-A
+  request's arrival, wait and service, Case-B's suspended periods (daemon events) shaded, and
   Case-B's step completions as ticks.
 """
 
@@ -57,14 +57,15 @@ def latency_cdf(raws: Mapping[str, RawScenario], out_dir: Path) -> str | None:
 
 
 def _slice(raw: RawScenario, span_s: float) -> tuple[float, float] | None:
+    """The first ``span_s`` of the window: where Case-A's queue starts (empty) and Case-B is
+    first preempted."""
     if raw.window is None:
         return None
     start, end = raw.window
-    begin = start + 0.25 * (end - start)
-    return begin, min(end, begin + span_s)
+    return start, min(end, start + span_s)
 
 
-def timeline(raws: Mapping[str, RawScenario], out_dir: Path, span_s: float = 0.25) -> str | None:
+def timeline(raws: Mapping[str, RawScenario], out_dir: Path, span_s: float = 0.1) -> str | None:
     """Write timeline.png/.json for every scenario that has both Case-A and Case-B."""
     names = [n for n, r in raws.items() if r.serve and r.trains and r.window]
     if not names:
@@ -72,16 +73,19 @@ def timeline(raws: Mapping[str, RawScenario], out_dir: Path, span_s: float = 0.2
     data: dict[str, Any] = {}
     for name in names:
         raw = raws[name]
+        serve = raw.serve or {}
         begin, end = _slice(raw, span_s) or (0.0, 0.0)
         requests = [
-            (due - begin, done - begin)
-            for due, done in zip(raw.serve["scheduled"], raw.serve["end"], strict=False)  # type: ignore[index]
+            (due - begin, start - begin, done - begin)
+            for due, start, done in zip(
+                serve["scheduled"], serve["start"], serve["end"], strict=False
+            )
             if done >= begin and due <= end
         ]
         periods = eventlog.suspended_periods(raw.events, "case-b", raw.window[1])  # type: ignore[index]
         data[name] = {
             "origin_unix_t": begin,
-            "requests": requests,
+            "requests_arrival_start_end_s": requests,
             "suspended": {
                 task: [(a - begin, b - begin) for a, b in spans if b >= begin and a <= end]
                 for task, spans in periods.items()
@@ -93,21 +97,23 @@ def timeline(raws: Mapping[str, RawScenario], out_dir: Path, span_s: float = 0.2
         }
     (out_dir / "timeline.json").write_text(json.dumps(data))
     plt = _pyplot()
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.8 * len(names) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.9 * len(names) + 0.7), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=False):
         item = data[name]
-        for _task, spans in item["suspended"].items():
+        for spans in item["suspended"].values():
             for a, b in spans:
                 ax.axvspan(a * 1e3, b * 1e3, color="tab:red", alpha=0.15, linewidth=0)
-        for i, (a, b) in enumerate(item["requests"]):
-            ax.plot([a * 1e3, b * 1e3], [1 + (i % 4) * 0.1] * 2, color="tab:blue", linewidth=2)
+        for due, start, done in item["requests_arrival_start_end_s"]:
+            ax.plot([due * 1e3], [1.35], "|", color="tab:blue", markersize=6)
+            ax.plot([due * 1e3, start * 1e3], [1.2, 1.2], color="grey", linewidth=1)
+            ax.plot([start * 1e3, done * 1e3], [1.0, 1.0], color="tab:blue", linewidth=4)
         for j, steps in enumerate(item["b_steps"]):
-            ax.plot([t * 1e3 for t in steps], [0.5 - 0.08 * j] * len(steps), "|", color="tab:green")
-        ax.set_ylim(0.1, 1.6)
-        ax.set_yticks([0.5, 1.15], ["B steps", "A requests"])
+            ax.plot([t * 1e3 for t in steps], [0.5 - 0.1 * j] * len(steps), "|", color="tab:green")
+        ax.set_ylim(0.1, 1.55)
+        ax.set_yticks([0.5, 1.0, 1.2, 1.35], ["B step done", "A served", "A waits", "A arrives"])
         ax.set_xlim(0, span_s * 1e3)
-        ax.set_title(f"{name}: red = Case-B suspended", fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("ms from a point 25% into the window")
+        ax.set_title(f"{name} (red: Case-B suspended)", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms from Case-A's first arrival")
     fig.tight_layout()
     fig.savefig(out_dir / "timeline.png", dpi=100)
     plt.close(fig)

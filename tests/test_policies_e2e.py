@@ -1,0 +1,87 @@
+"""Time slices and guaranteed shares with real processes and the signal mechanism."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from conftest import Counter, Daemon, gpreempt, spawn, wait_for
+
+
+def start(runtime_dir: Path, script: Path, out: Path, *options: str):
+    return spawn(
+        runtime_dir,
+        "run",
+        "--always-active",
+        "--mechanism",
+        "signal",
+        *options,
+        "--",
+        "python3",
+        str(script),
+        str(out),
+    )
+
+
+def stop_all(*procs) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(10)
+
+
+def test_timeslice_80_20_progresses_4_to_1(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    daemon = Daemon(runtime_dir, "--policy", "timeslice")
+    a_out, b_out = tmp_path / "a", tmp_path / "b"
+    a = start(runtime_dir, counter_script, a_out, "--name", "a", "--timeslice-ms", "80")
+    b = start(runtime_dir, counter_script, b_out, "--name", "b", "--timeslice-ms", "20")
+    try:
+        ca, cb = Counter(a_out), Counter(b_out)
+        assert wait_for(lambda: ca.value() > 0 and cb.value() > 0, 10)
+        time.sleep(0.5)
+        a0, b0 = ca.value(), cb.value()
+        time.sleep(4.0)
+        ratio = (ca.value() - a0) / max(1, cb.value() - b0)
+        assert 4 * 0.85 <= ratio <= 4 * 1.15, f"progress ratio {ratio:.2f}, expected 4 +- 15 %"
+    finally:
+        stop_all(a, b)
+        daemon.stop()
+    assert gpreempt(runtime_dir, "events", "--last", "0").returncode == 0
+
+
+def test_share_keeps_min_share_beside_always_active_high(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    daemon = Daemon(runtime_dir, "--policy", "share")
+    low_out = tmp_path / "low"
+    low = start(
+        runtime_dir,
+        counter_script,
+        low_out,
+        "--name",
+        "low",
+        "--priority",
+        "low",
+        "--min-share",
+        "0.2",
+    )
+    high = None
+    try:
+        counter = Counter(low_out)
+        assert wait_for(lambda: counter.value() > 0, 10)
+        time.sleep(0.3)
+        alone = counter.progress_over(2.0) / 2.0
+        high = start(
+            runtime_dir, counter_script, tmp_path / "high", "--name", "high", "--priority", "high"
+        )
+        time.sleep(1.5)  # a full window under the share policy
+        shared = counter.progress_over(4.0) / 4.0
+        kept = shared / alone
+        assert kept >= 0.18, f"low kept {kept:.2f} of its standalone progress"
+        assert kept <= 0.6, f"low kept {kept:.2f}: strict priority was not enforced"
+    finally:
+        stop_all(*(p for p in (low, high) if p is not None))
+        daemon.stop()
