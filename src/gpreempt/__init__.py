@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 
 from .client.activity import request, should_yield, yield_point
 from .client.api import attach, evict, restore, resume, status, suspend
+from .client.scheduler import GPUScheduler
 from .errors import (
     DaemonUnavailable,
     GpreemptError,
@@ -19,6 +20,7 @@ from .priority import parse_priority
 
 __all__ = [
     "DaemonUnavailable",
+    "GPUScheduler",
     "GpreemptError",
     "MechanismUnavailable",
     "NoSuchTask",

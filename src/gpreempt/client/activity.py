@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from . import session
+from .scheduler import current_task, task_scheduler
 
 
 class request(contextlib.ContextDecorator):  # noqa: N801 - used like a function
@@ -23,9 +24,15 @@ class request(contextlib.ContextDecorator):  # noqa: N801 - used like a function
         self._session = current
         if current is not None:
             current.enter_request()
+        task = current_task()
+        self._task = task
+        if task is not None:  # a thread of an in-process GPUScheduler task
+            task_scheduler(task)._enter(task)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._task is not None:
+            task_scheduler(self._task)._exit(self._task)
         if self._session is not None:
             self._session.exit_request()
 

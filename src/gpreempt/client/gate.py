@@ -211,6 +211,20 @@ class Gate:
         if self._installed:
             self._impl.drain()
 
+    def bind_thread(self, word_address: int, unbounded: bool = False) -> None:
+        """Make the calling thread also wait while the u32 at ``word_address`` is nonzero.
+
+        Used by the in-process scheduler: each task's threads follow their task's word.
+        ``unbounded`` keeps the thread's launches out of the in-flight window (tasks that are
+        never preempted in-process). ``word_address=0`` unbinds the thread.
+        """
+        self._impl.bind_thread(word_address, unbounded)
+
+    def set_default_task_word(self, word_address: int) -> None:
+        """The word that threads bound to no task follow (0: none). Autograd's worker threads
+        are such threads, so the backward pass of a preempted training task waits too."""
+        self._impl.set_default_task_word(word_address)
+
     # used by the torch patches
     def _before_launch(self) -> None:
         if self._installed:
@@ -424,6 +438,12 @@ class _NativeImpl:
     def before_launch(self) -> None:
         self._module.before_launch()
 
+    def bind_thread(self, word_address: int, unbounded: bool) -> None:
+        self._module.bind_thread(word_address, unbounded)
+
+    def set_default_task_word(self, word_address: int) -> None:
+        self._module.set_default_task_word(word_address)
+
 
 class _Control:
     """Typed views of the control block's words, for the Python fallback."""
@@ -455,6 +475,8 @@ class _PythonImpl:
         self._control = control
         self._ctl = _Control(control)
         self._config = config
+        self._thread_task = threading.local()
+        self._default_task_word: Any = None
         self._counter = itertools.count(1)
         self._launches = 0
         self._next_mark = config.record_every
@@ -507,21 +529,39 @@ class _PythonImpl:
         n = next(self._counter)
         self._launches = n
         if self._ctl.closed.value:
-            self._wait_open()
+            self._wait_open(self._ctl.closed)
+        task_word = getattr(self._thread_task, "word", None) or self._default_task_word
+        if task_word is not None and task_word.value:
+            self._wait_open(task_word)
+        if getattr(self._thread_task, "unbounded", False):
+            return
         if self._config.auto_activity and not self._active:
             self._mark_active()
             self._segment(n, force=True)
         elif n >= self._next_mark:
             self._segment(n, force=False)
 
-    def _wait_open(self) -> None:
+    def bind_thread(self, word_address: int, unbounded: bool) -> None:
+        if word_address:
+            self._thread_task.word = ctypes.c_uint32.from_address(word_address)
+            self._thread_task.unbounded = unbounded
+        else:
+            self._thread_task.word = None
+            self._thread_task.unbounded = False
+
+    def set_default_task_word(self, word_address: int) -> None:
+        self._default_task_word = (
+            ctypes.c_uint32.from_address(word_address) if word_address else None
+        )
+
+    def _wait_open(self, word: Any) -> None:
         if self._captures > 0 or self._capturing():
             return
         start = time.monotonic_ns()
         self._last_closed = start
         self._waits += 1
         self._ctl.waits.value = self._waits
-        while self._ctl.closed.value and self._installed:
+        while word.value and self._installed:
             time.sleep(POLL_US / 1e6)
         end = time.monotonic_ns()
         self._last_closed = end

@@ -207,6 +207,14 @@ struct GateState {
 
 std::atomic<GateState*> g_gate{nullptr};
 std::atomic<bool> g_in_child{false};
+
+// In-process task gates (gpreempt.GPUScheduler): a thread bound to a task waits while its
+// task's word is nonzero; threads bound to no task (PyTorch's autograd workers among them)
+// follow the default word, if the scheduler set one. Unbounded threads (tasks that are never
+// preempted in-process) keep out of the in-flight window.
+thread_local const uint32_t* tls_task_word = nullptr;
+thread_local bool tls_task_unbounded = false;
+std::atomic<const uint32_t*> g_default_task_word{nullptr};
 at::CallbackHandle g_handle = 0;
 bool g_atfork_registered = false;
 
@@ -356,7 +364,7 @@ bool tails_done(GateState* g) {
 }
 
 // --- slow paths -------------------------------------------------------------------------------
-void wait_open(GateState* g) {
+void wait_open(GateState* g, const uint32_t* word) {
   if (g->captures.load(std::memory_order_relaxed) > 0) {
     return;  // an operator being captured into a graph launches nothing now
   }
@@ -367,7 +375,7 @@ void wait_open(GateState* g) {
   store64(g->ctl, kOffWaits, g->waits.fetch_add(1) + 1);
   const int64_t poll = static_cast<int64_t>(g->cfg.poll_us * 1000.0);
   int64_t last_reap = start;
-  for (int spins = 0; load32(g->ctl, kOffGateClosed) != 0;) {
+  for (int spins = 0; __atomic_load_n(word, __ATOMIC_RELAXED) != 0;) {
     if (g->uninstalled.load(std::memory_order_relaxed)) {
       break;
     }
@@ -487,7 +495,17 @@ void segment(GateState* g, uint64_t n, bool force) {
 inline void before_launch(GateState* g) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
   if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0)) {
-    wait_open(g);
+    wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed));
+  }
+  const uint32_t* task_word = tls_task_word;
+  if (task_word == nullptr) {
+    task_word = g_default_task_word.load(std::memory_order_relaxed);
+  }
+  if (C10_UNLIKELY(task_word != nullptr && __atomic_load_n(task_word, __ATOMIC_RELAXED) != 0)) {
+    wait_open(g, task_word);
+  }
+  if (C10_UNLIKELY(tls_task_unbounded)) {
+    return;
   }
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
     mark_active(g);
@@ -794,4 +812,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
+  m.def("bind_thread", [](uintptr_t word, bool unbounded) {
+    tls_task_word = reinterpret_cast<const uint32_t*>(word);
+    tls_task_unbounded = word != 0 && unbounded;
+  });
+  m.def("set_default_task_word", [](uintptr_t word) {
+    g_default_task_word.store(reinterpret_cast<const uint32_t*>(word));
+  });
 }
