@@ -130,12 +130,12 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"service alone {service:.3f} ms, B alone {b_rate:.1f} steps/s")
     print(f"{'scenario':<20} {'P50 ms':>8} {'P99 ms':>8} {'P99 ratio':>10} {'B kept':>7}")
+    nan = float("nan")
     for name, row in results["scenarios"].items():
         lat = row.get("a_latency_ms") or {}
-        print(
-            f"{name:<20} {lat.get('p50', float('nan')):>8.3f} {lat.get('p99', float('nan')):>8.3f}"
-            f" {row.get('a_p99_ratio', float('nan')):>10.2f} {row.get('b_kept', float('nan')):>7.2f}"
-        )
+        p50, p99 = lat.get("p50", nan), lat.get("p99", nan)
+        ratio, kept = row.get("a_p99_ratio", nan), row.get("b_kept", nan)
+        print(f"{name:<20} {p50:>8.3f} {p99:>8.3f} {ratio:>10.2f} {kept:>7.2f}")
 
 
 if __name__ == "__main__":
