@@ -1,0 +1,105 @@
+"""Small pure pieces: priorities, sizes, GPU lists, the wire format, the control block."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from gpreempt.cli._task_options import parse_gpus, parse_size
+from gpreempt.control import ControlBlock
+from gpreempt.errors import NoSuchTask, PriorityError, ProtocolError, UsageError
+from gpreempt.priority import parse_priority, priority_name
+from gpreempt.protocol import MAX_MESSAGE, Connection, decode, encode, raise_for_reply
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("high", 100), ("HIGH", 100), (" normal ", 0), ("low", -100), ("255", 255), ("-255", -255),
+     (7, 7), ("0", 0)],
+)
+def test_priorities(text, value) -> None:
+    assert parse_priority(text) == value
+
+
+@pytest.mark.parametrize("bad", ["urgent", "256", "-256", "1.5", "", True, None, 3.0])
+def test_bad_priorities(bad) -> None:
+    with pytest.raises(PriorityError):
+        parse_priority(bad)
+
+
+def test_priority_names() -> None:
+    assert priority_name(100) == "high" and priority_name(42) == "42"
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("20GiB", 20 << 30), ("512MiB", 512 << 20), ("4G", 4_000_000_000), ("1.5g", 1_500_000_000),
+     ("1024", 1024), ("3kb", 3000), ("", 0), (None, 0)],
+)
+def test_sizes(text, size) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["lots", "20 GiBs", "-1G", "G"])
+def test_bad_sizes(bad) -> None:
+    with pytest.raises(UsageError):
+        parse_size(bad)
+
+
+def test_gpu_lists(monkeypatch) -> None:
+    assert parse_gpus("0,1") == (0, 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    assert parse_gpus(None) == (3,)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
+    assert parse_gpus(None) == (0,)
+    for bad in ("x", "-1", ","):
+        with pytest.raises(UsageError):
+            parse_gpus(bad)
+
+
+def test_wire_format_round_trip_and_limits() -> None:
+    assert decode(encode({"op": "ping"}).strip()) == {"op": "ping"}
+    with pytest.raises(ProtocolError):
+        encode({"blob": "x" * MAX_MESSAGE})
+    with pytest.raises(ProtocolError):
+        decode(b"[1]")
+    with pytest.raises(ProtocolError):
+        decode(b"\xff\xfe")
+
+
+def test_refusals_come_back_as_their_class() -> None:
+    with pytest.raises(NoSuchTask, match="nobody"):
+        raise_for_reply({"ok": False, "kind": "NoSuchTask", "error": "nobody"})
+    assert raise_for_reply({"ok": True, "x": 1})["x"] == 1
+
+
+def test_connection_passes_fds_with_a_message() -> None:
+    left, right = socket.socketpair()
+    a, b = Connection(left), Connection(right)
+    block = ControlBlock.create()
+    try:
+        a.send({"op": "channel"}, fds=(block.memfd, block.doorbell))
+        message, fds = b.receive()
+        assert message == {"op": "channel"} and len(fds) == 2
+        remote = ControlBlock(fds[0], fds[1])
+        remote.set_gate(True)
+        assert block.gate_closed  # the same memory on both ends
+        block.set_requests(2)
+        assert remote.is_active() and remote.stats().requests == 2
+        remote.drain_doorbell()
+        remote.close()
+    finally:
+        block.close()
+        a.close()
+        b.close()
+
+
+def test_connection_reports_half_messages() -> None:
+    left, right = socket.socketpair()
+    b = Connection(right)
+    left.sendall(b'{"op": "stat')
+    left.close()
+    with pytest.raises(ProtocolError, match="middle"):
+        b.receive()
+    b.close()
