@@ -89,7 +89,20 @@ def fake_run(argv: list[str]) -> int:
     return code
 
 
+def fake_train_command() -> int:
+    """A Case-B *command*: the protocol of ``--case-b-cmd`` (ready file, steps file, SIGTERM)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    time.sleep(0.1)
+    Path(os.environ["GPREEMPT_BENCH_READY_FILE"]).touch()
+    with open(os.environ["GPREEMPT_BENCH_STEPS_FILE"], "a", buffering=1) as steps:
+        while True:
+            time.sleep(0.005)
+            steps.write(f"{time.time()}\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "train-cmd":
+        sys.exit(fake_train_command())
     if sys.argv[1] == "serve":
         sys.exit(fake_serve(Path(sys.argv[sys.argv.index("--runtime-dir") + 1])))
     sys.exit(fake_run(sys.argv[2:]))

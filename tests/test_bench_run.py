@@ -130,6 +130,19 @@ def test_a_trainer_that_exits_early_makes_the_scenario_invalid(tmp_path):
     assert "Invalid scenarios" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_any_command_can_be_case_b(tmp_path):
+    work = Workloads(
+        case_a_fn="bench_fakes:serve_factory",
+        case_b_cmd=f"{sys.executable} {FAKES} train-cmd",
+        warmup_s=0.2,
+        env=(("PYTHONPATH", str(HERE)),),
+    )
+    rows = run_bench(_config(tmp_path / "run", ["time-sliced"], work, requests=60))["scenarios"]
+    assert rows["time-sliced"]["valid"], rows["time-sliced"]["invalid_reason"]
+    assert rows["b-alone"]["b_steps_per_s"] > 50  # one step per ~5 ms
+    assert 0.3 < rows["time-sliced"]["b_kept"] < 1.5
+
+
 def test_mps_daemon_is_stopped_on_errors(tmp_path):
     control = _fake_mps(tmp_path)
     with pytest.raises(KeyboardInterrupt), MpsDaemon(tmp_path / "d", str(control)):

@@ -103,3 +103,17 @@ def test_connection_reports_half_messages() -> None:
     with pytest.raises(ProtocolError, match="middle"):
         b.receive()
     b.close()
+
+
+def test_explicit_requests_take_precedence_over_automatic_activity() -> None:
+    block = ControlBlock.create()
+    try:
+        block.set_auto_active(True)
+        assert block.is_active()  # automatic activity alone counts
+        block.set_requests(1)
+        block.set_requests(0)
+        assert not block.is_active()  # once hinted, only open requests count
+        block.set_requests(1)
+        assert block.is_active()
+    finally:
+        block.close()

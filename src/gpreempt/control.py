@@ -22,6 +22,8 @@ offset  type   meaning
 32      u64    wait_ns: total nanoseconds blocked (client, statistics)
 40      u32    window: in-flight bound the gate uses (client, statistics)
 44      u32    gate_installed: 1 once an in-process gate watches launches (client)
+48      u32    hinted: 1 once the process used ``request()``; from then on its
+               explicit requests alone say when it is active (client)
 ======  =====  ==================================================================
 """
 
@@ -47,6 +49,7 @@ OFF_WAITS = 24
 OFF_WAIT_NS = 32
 OFF_WINDOW = 40
 OFF_GATE_INSTALLED = 44
+OFF_HINTED = 48
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,14 @@ class ControlBlock:
         self._set32(OFF_GENERATION, (self._get32(OFF_GENERATION) + 1) & 0xFFFFFFFF)
 
     def is_active(self) -> bool:
-        """Whether the client says it wants the GPU (daemon)."""
-        return self._get32(OFF_REQUESTS) > 0 or self._get32(OFF_AUTO_ACTIVE) != 0
+        """Whether the client says it wants the GPU (daemon).
+
+        A process that marks its requests explicitly is active exactly inside them: its
+        automatic activity (which lasts a grace period past each burst) no longer counts.
+        """
+        if self._get32(OFF_REQUESTS) > 0:
+            return True
+        return self._get32(OFF_AUTO_ACTIVE) != 0 and self._get32(OFF_HINTED) == 0
 
     def drain_doorbell(self) -> None:
         """Reset the doorbell after it rang (daemon)."""
@@ -124,6 +133,8 @@ class ControlBlock:
 
     def set_requests(self, count: int) -> None:
         """Publish the number of open request() scopes and ring the doorbell (client)."""
+        if count:
+            self._set32(OFF_HINTED, 1)
         self._set32(OFF_REQUESTS, count)
         self.ring()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import signal
 import statistics
 import sys
@@ -177,6 +178,12 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         "arrival_rate_per_s": rate,
         "arrivals_span_s": offsets[-1],
         "command": config.command,
+        # settings the workloads inherit (e.g. GPREEMPT_IDLE_GRACE_MS changes gpreempt's policy)
+        "env": {
+            k: v
+            for k, v in sorted(os.environ.items())
+            if k.startswith(("GPREEMPT_", "CUDA_", "PYTORCH_")) and k != "GPREEMPT_RUNTIME_DIR"
+        },
     }
     results: dict[str, Any] = {
         "gpreempt_version": __version__,

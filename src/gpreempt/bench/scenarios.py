@@ -447,6 +447,9 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
             if child.name.startswith("case-b"):
                 child.files["stop"].touch()
         for child in children:
+            if "user_cmd" in child.files:  # a user's command is stopped with SIGTERM
+                child.stop()
+                continue
             try:
                 child.popen.wait(30)
             except subprocess.TimeoutExpired:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: A task evicted for another's reserve comes back this long after the reserve is released.
 RESTORE_AFTER_S = 2.0
+#: A task whose eviction failed is not tried again for this long.
+RETRY_AFTER_S = 10.0
 #: Keep this fraction of host memory free when checkpointing into it.
 HOST_HEADROOM = 0.10
 #: Room to leave on the GPU beyond a restored footprint (allocator slack, contexts).
@@ -94,10 +96,12 @@ def refuse_unsupported(task: Task) -> None:
         maps = Path(f"/proc/{task.pid}/maps").read_text(errors="replace")
     except OSError:
         maps = ""
-    if "libnccl" in maps:
+    # Every CUDA build of PyTorch maps libnccl; a job that *uses* NCCL between GPUs of one
+    # node maps its shared-memory transport segments.
+    if "/dev/shm/nccl-" in maps:
         raise MechanismUnavailable(
-            f"task {task.name!r} has NCCL loaded; the driver checkpoint API does not support "
-            "NCCL jobs"
+            f"task {task.name!r} runs NCCL communication; the driver checkpoint API does not "
+            "support NCCL jobs"
         )
     try:
         environ = Path(f"/proc/{task.pid}/environ").read_bytes().split(b"\0")
@@ -139,6 +143,8 @@ class MemoryManager:
         self.pending_restore: set[int] = set()
         #: Last time a reserving task was active, per GPU.
         self.reserve_active_at: dict[int, float] = {}
+        #: Tasks whose eviction failed, and until when not to try again.
+        self.retry_after: dict[int, float] = {}
         self._busy = False
 
     @property
@@ -322,6 +328,7 @@ class MemoryManager:
             try:
                 self.evict(victim, reason=f"room for {reserver.name!r}'s reserve")
             except (MechanismFailed, MechanismUnavailable) as exc:
+                self.retry_after[victim.task_id] = now + RETRY_AFTER_S
                 self.daemon.events.write(
                     "error",
                     task=victim.name,
