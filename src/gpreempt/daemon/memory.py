@@ -314,8 +314,14 @@ class MemoryManager:
             return
         if memory.free >= reserver.reserve_bytes:
             return
+        now = time.monotonic()
         candidates = [
-            t for t in tasks if gpu in t.gpus and t.priority < reserver.priority and not t.evicted
+            t
+            for t in tasks
+            if gpu in t.gpus
+            and t.priority < reserver.priority
+            and not t.evicted
+            and self.retry_after.get(t.task_id, 0.0) <= now
         ]
         footprints = {t.task_id: self.probe.footprint(gpu, t.pid) for t in candidates}
         candidates.sort(key=lambda t: (t.priority, -footprints[t.task_id]))
