@@ -16,13 +16,13 @@ sleep 12
 python3 -m gpreempt run --priority high --name server -- python3 -c '
 import time, torch, gpreempt
 x = torch.randn(4096, 4096, device="cuda")
-for _ in range(200):
+for _ in range(800):
     with gpreempt.request():
         (x @ x).sum().item()
     time.sleep(0.01)
 ' &
 server=$!
-sleep 2
+sleep 8  # the server imports torch and starts its requests
 python3 -m gpreempt top --once > "$out/top.txt" 2>&1
 python3 -m gpreempt status --json > "$out/status.json" 2>&1
 python3 - "$out/metrics.txt" <<'PY'
