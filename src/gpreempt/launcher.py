@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,6 @@ class TaskSpec:
     timeslice_ms: float | None = None
     min_share: float | None = None
     reserve_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -76,7 +75,6 @@ class TaskSpec:
             "timeslice_ms": self.timeslice_ms,
             "min_share": self.min_share,
             "reserve_bytes": self.reserve_bytes,
-            **self.extra,
         }
 
 

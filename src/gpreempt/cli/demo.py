@@ -27,11 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def gpu_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. a torch without NumPy says so on import
+        try:
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())
 
 
 def run(args: argparse.Namespace) -> int:

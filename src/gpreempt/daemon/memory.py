@@ -203,10 +203,7 @@ class MemoryManager:
         task.evict_unlock = task.suspended_with != "lock"
         self.daemon.events.write(
             "evict",
-            task=task.name,
-            task_id=task.task_id,
-            pid=task.pid,
-            gpu=task.gpu,
+            **task.event_fields(),
             mechanism="evict",
             latency_ms=seconds * 1e3,
             reason=reason,
@@ -233,10 +230,7 @@ class MemoryManager:
         if state == ProcessState.FAILED:
             self.daemon.events.write(
                 "error",
-                task=task.name,
-                task_id=task.task_id,
-                pid=task.pid,
-                gpu=task.gpu,
+                **task.event_fields(),
                 mechanism="evict",
                 reason="restore left the process FAILED; it may need a restart",
             )
@@ -251,10 +245,7 @@ class MemoryManager:
         self.auto_evicted.discard(task.task_id)
         self.daemon.events.write(
             "restore",
-            task=task.name,
-            task_id=task.task_id,
-            pid=task.pid,
-            gpu=task.gpu,
+            **task.event_fields(),
             mechanism="evict",
             latency_ms=seconds * 1e3,
             reason=reason,
@@ -337,10 +328,7 @@ class MemoryManager:
                 self.retry_after[victim.task_id] = now + RETRY_AFTER_S
                 self.daemon.events.write(
                     "error",
-                    task=victim.name,
-                    task_id=victim.task_id,
-                    pid=victim.pid,
-                    gpu=gpu,
+                    **{**victim.event_fields(), "gpu": gpu},
                     mechanism="evict",
                     reason=f"eviction for a reserve failed: {exc}",
                 )

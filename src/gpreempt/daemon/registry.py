@@ -71,6 +71,10 @@ class Task:
         """The first GPU, for events and metrics labels."""
         return self.gpus[0] if self.gpus else 0
 
+    def event_fields(self) -> dict[str, Any]:
+        """The fields that name this task in an event log record."""
+        return {"task": self.name, "task_id": self.task_id, "pid": self.pid, "gpu": self.gpu}
+
     def target(self) -> Target:
         control = next(iter(self.controls.values()), None)
         return Target(pid=self.pid, pgid=self.pgid, control=control)

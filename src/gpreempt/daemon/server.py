@@ -328,17 +328,9 @@ class Daemon:
         except (TypeError, ValueError, KeyError) as exc:
             return error_reply(ProtocolError(f"bad {op!r} request: {exc}"))
         finally:
-            for fd in fds:
-                if fd >= 0 and (
-                    peer.control is None
-                    or fd
-                    not in (
-                        peer.control.memfd,
-                        peer.control.doorbell,
-                    )
-                ):
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+            for fd in fds:  # fds a handler did not take (it clears the list when it does)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _op_ping(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         return {"pid": os.getpid(), "policy": self.policy_name}
@@ -362,22 +354,21 @@ class Daemon:
         existing = self.registry.by_pid(pid)
         if existing is not None:
             raise UsageError(f"process {pid} is already registered as task {existing.name!r}")
+        task = self._add_task(peer, info, message, owned=bool(message.get("owned")))
+        self.reconcile()
+        return {"task": task.describe(time.monotonic())}
+
+    def _add_task(self, peer: Peer, info: Any, message: Message, owned: bool) -> Task:
+        """Register a task; ``owned``: it ends when this peer's connection closes."""
         task = self._new_task(peer, info, message)
         self.registry.add(task)
-        if message.get("owned"):
+        if owned:
             task.owner = peer.conn_id
             peer.owned_tasks.add(task.task_id)
         self.events.write(
-            "registered",
-            task=task.name,
-            task_id=task.task_id,
-            pid=task.pid,
-            gpu=task.gpu,
-            mechanism=task.mechanism,
-            priority=task.priority,
+            "registered", **task.event_fields(), mechanism=task.mechanism, priority=task.priority
         )
-        self.reconcile()
-        return {"task": task.describe(time.monotonic())}
+        return task
 
     def _new_task(self, peer: Peer, info: Any, message: Message) -> Task:
         name = str(message.get("name") or info.name)[:MAX_NAME]
@@ -429,20 +420,10 @@ class Daemon:
                     "`gpreempt run` or pass register=True with a priority"
                 )
             info = read_process(peer.pid)
-            task = self._new_task(peer, info, {**message["register"], "pid": peer.pid})
-            self.registry.add(task)
-            task.owner = peer.conn_id
-            peer.owned_tasks.add(task.task_id)
-            self.events.write(
-                "registered",
-                task=task.name,
-                task_id=task.task_id,
-                pid=task.pid,
-                gpu=task.gpu,
-                mechanism=task.mechanism,
-                priority=task.priority,
-            )
+            fields = {**message["register"], "pid": peer.pid}
+            task = self._add_task(peer, info, fields, owned=True)
         control = ControlBlock(fds[0], fds[1])
+        fds.clear()  # the control block owns them now
         peer.control = control
         peer.channel_task = task.task_id
         task.controls[peer.conn_id] = control
@@ -497,10 +478,7 @@ class Daemon:
             task.held = hold
             self.events.write(
                 "hold" if hold else "release",
-                task=task.name,
-                task_id=task.task_id,
-                pid=task.pid,
-                gpu=task.gpu,
+                **task.event_fields(),
                 reason=f"by uid {peer.uid} (pid {peer.pid})",
             )
             self.reconcile()
@@ -526,9 +504,7 @@ class Daemon:
         if task.suspended:
             self._resume(task, reason=f"task ended: {reason}")
         self.registry.remove(task.task_id)
-        self.events.write(
-            "exit", task=task.name, task_id=task.task_id, pid=task.pid, gpu=task.gpu, reason=reason
-        )
+        self.events.write("exit", **task.event_fields(), reason=reason)
 
     def _check_liveness(self) -> None:
         if self.memory.needed():
@@ -563,10 +539,7 @@ class Daemon:
                 task.was_active = active
                 self.events.write(
                     "active" if active else "idle",
-                    task=task.name,
-                    task_id=task.task_id,
-                    pid=task.pid,
-                    gpu=task.gpu,
+                    **task.event_fields(),
                 )
         decision: Decision = self.policy(self.snapshot(now), self.policy_memory)
         self.policy_memory = decision.memory
@@ -600,10 +573,7 @@ class Daemon:
             else:
                 self.events.write(
                     "error",
-                    task=task.name,
-                    task_id=task.task_id,
-                    pid=task.pid,
-                    gpu=task.gpu,
+                    **task.event_fields(),
                     mechanism=task.mechanism,
                     reason=f"suspend failed: {exc}",
                 )
@@ -616,10 +586,7 @@ class Daemon:
         task.last_suspend_ms = round(latency_ms, 4)
         self.events.write(
             "suspend",
-            task=task.name,
-            task_id=task.task_id,
-            pid=task.pid,
-            gpu=task.gpu,
+            **task.event_fields(),
             mechanism=used,
             latency_ms=latency_ms,
             reason="held" if task.held else "policy",
@@ -638,10 +605,7 @@ class Daemon:
         except GpreemptError as exc:
             self.events.write(
                 "error",
-                task=task.name,
-                task_id=task.task_id,
-                pid=task.pid,
-                gpu=task.gpu,
+                **task.event_fields(),
                 mechanism=used,
                 reason=f"resume failed: {exc}",
             )
@@ -653,10 +617,7 @@ class Daemon:
         task.suspended_since = None
         self.events.write(
             "resume",
-            task=task.name,
-            task_id=task.task_id,
-            pid=task.pid,
-            gpu=task.gpu,
+            **task.event_fields(),
             mechanism=used,
             latency_ms=latency_ms,
             reason=reason,
