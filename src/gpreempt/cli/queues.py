@@ -160,6 +160,7 @@ def _read_given(path: str) -> str:
 
 
 def _print(doc: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from ..monitor.textfmt import console, num, size
@@ -169,7 +170,7 @@ def _print(doc: dict[str, Any]) -> None:
     if nv is not None:
         con.rule("[bold]NVIDIA")
         if not nv["available"]:
-            con.print(f"NVML unavailable: {nv['reason']}")
+            con.print(f"NVML unavailable: {escape(str(nv['reason']))}")
         for gpu in nv["gpus"]:
             con.print(
                 f"[bold]GPU {gpu['index']}[/] {gpu['name'] or 'n/a'}: util "
@@ -223,7 +224,7 @@ def _print(doc: dict[str, Any]) -> None:
     con.rule("[bold]AMD (KFD debugfs)")
     mq = amd["mqds"]
     if not mq["available"]:
-        con.print(f"mqds unavailable: {mq['reason']}")
+        con.print(f"mqds unavailable: {escape(str(mq['reason']))}")
     else:
         con.print(f"mqds from {mq['source']}: {len(mq['processes'])} process(es)")
         t = Table()
@@ -257,7 +258,7 @@ def _print(doc: dict[str, Any]) -> None:
         con.print(t)
     hq = amd["hqds"]
     if not hq["available"]:
-        con.print(f"hqds unavailable: {hq['reason']}")
+        con.print(f"hqds unavailable: {escape(str(hq['reason']))}")
         return
     con.print(f"hqds from {hq['source']}")
     for node in hq["nodes"]:

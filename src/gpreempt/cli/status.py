@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_status(reply: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -63,7 +64,7 @@ def print_status(reply: dict[str, Any]) -> None:
                 mechanism += f" ({task['last_mechanism']})"
             table.add_row(
                 str(task["pid"]),
-                task["name"],
+                escape(task["name"]),
                 task["priority_name"],
                 task["state"],
                 "yes" if task["active"] else "no",

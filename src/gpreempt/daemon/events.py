@@ -75,15 +75,21 @@ class EventLog:
         self._file.close()
 
 
+def parse_event(line: str) -> dict[str, Any] | None:
+    """One log line as an event, or None if it is not a JSON object (a torn or foreign line)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    """The events in a log file, skipping lines that are not valid JSON objects."""
+    """The events in a log file, skipping lines that are not valid events."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
+            record = parse_event(line)
+            if record is not None:
                 yield record
 
 
@@ -102,10 +108,7 @@ def follow_events(path: Path, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
             partial += chunk
             if not partial.endswith("\n"):
                 continue
-            line, partial = partial, ""
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
+            record = parse_event(partial)
+            partial = ""
+            if record is not None:
                 yield record
