@@ -51,6 +51,7 @@ class Task:
     suspended_seconds: float = 0.0
     last_suspend_ms: float | None = None
     run_seconds: float = 0.0
+    #: Activity as last observed by the daemon (events and policies use this one value).
     was_active: bool = False
 
     @property
@@ -80,11 +81,12 @@ class Task:
         return Target(pid=self.pid, pgid=self.pgid, control=control)
 
     def view(self) -> TaskView:
+        """The task for the policy, with its activity as the daemon last observed it."""
         return TaskView(
             task_id=self.task_id,
             priority=self.priority,
             gpus=self.gpus,
-            active=self.active,
+            active=self.was_active,
             suspended=self.suspended,
             held=self.held,
             timeslice_ms=self.timeslice_ms,
