@@ -9,6 +9,7 @@ import pytest
 from gpreempt.errors import UsageError
 from gpreempt.policy import Decision, Snapshot, TaskView, decide_hpf, decide_share, get_policy
 from gpreempt.policy.share import (
+    HEADROOM,
     MIN_BURST_S,
     WINDOW_S,
     ShareMemory,
@@ -44,7 +45,8 @@ def test_registered() -> None:
 
 def test_window_and_burst_defaults() -> None:
     assert WINDOW_S == 1.0
-    assert burst_seconds(0.2) == pytest.approx(0.2)
+    assert round(HEADROOM, 6) == 0.1
+    assert burst_seconds(0.2) == pytest.approx(0.2 * (1 + HEADROOM))
     assert burst_seconds(0.001) == MIN_BURST_S == pytest.approx(0.010)
 
 
@@ -82,15 +84,17 @@ def test_starved_task_gets_a_burst_then_strict_priority_returns() -> None:
     first = decide(10.0, [high, low])
     # A task that has not run in the window is below its share: it runs first.
     assert first.suspend == {1}
-    assert first.wake_at == pytest.approx(10.2)
-    low = view(2, -100, min_share=0.2, run=0.2)
-    after = decide(10.2, [high, low], first.memory)
+    # The burst aims 10 % above the 0.2 floor.
+    assert first.wake_at == pytest.approx(10.22)
+    low = view(2, -100, min_share=0.2, run=0.22)
+    after = decide(10.22, [high, low], first.memory)
     assert after.suspend == {2}
-    # It ran 0.2 s in [10.0, 10.2]; that starts to leave the window at 11.0.
-    assert after.wake_at == pytest.approx(11.0)
-    again = decide(11.0, [high, low], after.memory)
+    # It ran 0.22 s in [10.0, 10.22]; its share drops to 0.2 once 0.02 s of that has left
+    # the window, at 11.02.
+    assert after.wake_at == pytest.approx(11.02)
+    again = decide(11.02, [high, low], after.memory)
     assert again.suspend == {1}
-    assert again.wake_at == pytest.approx(11.2)
+    assert again.wake_at == pytest.approx(11.24)
 
 
 def test_task_with_its_share_waits_under_strict_priority() -> None:
@@ -142,7 +146,7 @@ def test_burst_suspends_every_more_important_task_on_its_gpus() -> None:
     ]
     decision = decide(0.0, tasks)
     assert decision.suspend == {1, 2, 4}
-    assert decision.wake_at == pytest.approx(0.1)
+    assert decision.wake_at == pytest.approx(0.1 * (1 + HEADROOM))
 
 
 def test_multi_gpu_burst_clears_all_its_gpus() -> None:

@@ -9,6 +9,10 @@ Handshake (all paths given on the command line, so it works under any launcher):
 - a trainer trains until its *stop file* appears or it gets SIGTERM;
 - each writes its results as JSON to its *out file* (written whole, then renamed).
 
+A server may also grow its working set once, inside one request (:class:`Growth`, the
+memory-pressure scenarios): it allocates device memory in chunks through a
+:class:`DeviceMemory` and, when out of memory, waits for room up to a deadline.
+
 A request's work is any callable that returns when the answer is ready; a training step is any
 callable that returns ``None`` (done when it returns) or an object with ``synchronize()`` (e.g. a
 ``torch.cuda.Event``), which a helper thread waits on to time-stamp the step's completion
@@ -27,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import UsageError
 
@@ -212,3 +216,101 @@ def train(step: Handler, stop: Callable[[], bool], max_seconds: float) -> list[f
     while not stop() and time.monotonic() < deadline:
         clock.submit(step())
     return clock.close()
+
+
+class DeviceMemory(Protocol):
+    """Device memory as the memory-pressure scenarios use it (torch's in
+    :class:`gpreempt.bench.workloads.TorchMemory`; ``--memory-fn`` names another)."""
+
+    def free_bytes(self) -> int:
+        """Free memory on the device now."""
+
+    def allocate(self, nbytes: int) -> Any:
+        """A block of ``nbytes`` (kept alive by the caller); MemoryError when out of memory."""
+
+    def release(self, blocks: list[Any]) -> None:
+        """Give ``blocks`` back to the device (not only to a cache)."""
+
+
+def grow_working_set(
+    memory: DeviceMemory, total: int, chunk: int, wait_s: float, poll_s: float = 0.005
+) -> tuple[list[Any], dict[str, Any]]:
+    """Allocate ``total`` bytes in chunks of ``chunk``. On out-of-memory, retry every
+    ``poll_s`` until ``wait_s`` after the first failure; then give up, release what was got and
+    report ``oom``. Returns the blocks held and what happened (bytes, times, errors)."""
+    start = time.perf_counter()
+    info: dict[str, Any] = {
+        "asked_bytes": total,
+        "free_before_bytes": memory.free_bytes(),
+        "start_t": time.time(),
+        "oom_errors": 0,
+        "waited_s": 0.0,
+    }
+    held: list[Any] = []
+    got = 0
+    first_oom: float | None = None
+    while got < total:
+        size = min(chunk, total - got)
+        try:
+            held.append(memory.allocate(size))
+        except MemoryError as exc:
+            now = time.perf_counter()
+            info["oom_errors"] += 1
+            info["last_error"] = str(exc)[:300]
+            first_oom = now if first_oom is None else first_oom
+            if now - first_oom >= wait_s:
+                break
+            time.sleep(poll_s)
+            continue
+        got += size
+    if first_oom is not None:
+        info["waited_s"] = time.perf_counter() - first_oom
+    info["got_bytes"] = got
+    info["oom"] = got < total
+    if info["oom"]:  # a failed request keeps nothing
+        memory.release(held)
+        held = []
+    info["seconds"] = time.perf_counter() - start
+    info["end_t"] = time.time()
+    return held, info
+
+
+class Growth:
+    """Grow the working set once, inside request number ``index`` (before its work), keep it
+    for the requests that follow, release it with :meth:`release`."""
+
+    def __init__(
+        self, memory: DeviceMemory, index: int, total: int, chunk: int, wait_s: float
+    ) -> None:
+        self.memory = memory
+        self.index = index
+        self.total = total
+        self.chunk = chunk
+        self.wait_s = wait_s
+        self.held: list[Any] = []
+        self.info: dict[str, Any] | None = None
+        self._calls = 0
+
+    def wrap(self, handle: Handler) -> Handler:
+        def request() -> Any:
+            if self._calls == self.index:
+                self.held, info = grow_working_set(self.memory, self.total, self.chunk, self.wait_s)
+                self.info = {"index": self.index, **info}
+            self._calls += 1
+            return handle()
+
+        return request
+
+    def release(self) -> dict[str, Any] | None:
+        """Free the grown working set; returns what happened at the growth."""
+        self.memory.release(self.held)
+        self.held = []
+        return self.info
+
+
+def growth_index(offsets: Sequence[float], at_s: float) -> int:
+    """The first request due ``at_s`` or later into the window (the last one if none is)."""
+    for i, offset in enumerate(offsets):
+        if offset >= at_s:
+            return i
+    return len(offsets) - 1

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import GpreemptError, UsageError
 from . import eventlog
+from .memory import MemoryPlan
 from .mps import MpsDaemon
 from .nvml import NvmlSampler
 
@@ -31,7 +32,16 @@ BASELINES = ("a-alone", "b-alone", "sequential", "time-sliced", "stream-priority
 MPS_SCENARIOS = ("mps", "mps-priority")
 MECHANISMS = ("signal", "lock", "gate", "auto")
 GPREEMPT_SCENARIOS = tuple(f"gpreempt-{m}" for m in MECHANISMS)
-ALL_SCENARIOS = BASELINES + MPS_SCENARIOS + GPREEMPT_SCENARIOS
+POLICY_SCENARIOS = ("gpreempt-timeslice", "gpreempt-share")
+SCHEDULER_SCENARIO = "gpreempt-scheduler"
+MEMORY_SCENARIOS = ("memory-pressure", "memory-pressure-baseline")
+#: Run by default (``--quick`` stays within its time budget).
+DEFAULT_SCENARIOS = BASELINES + MPS_SCENARIOS + GPREEMPT_SCENARIOS
+#: Only when named in ``--scenarios`` (or ``--scenarios all``).
+OPT_IN_SCENARIOS = (*POLICY_SCENARIOS, SCHEDULER_SCENARIO, *MEMORY_SCENARIOS)
+ALL_SCENARIOS = DEFAULT_SCENARIOS + OPT_IN_SCENARIOS
+#: Case-B's guaranteed share in gpreempt-share (``gpreempt run --min-share``).
+SHARE_MIN = 0.2
 
 DESCRIPTIONS = {
     "a-alone": "Case-A alone (the reference for latency ratios)",
@@ -42,6 +52,28 @@ DESCRIPTIONS = {
     "mps": "separate processes under MPS",
     "mps-priority": "MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B",
     **{f"gpreempt-{m}": f"gpreempt, mechanism {m}" for m in MECHANISMS},
+    "gpreempt-timeslice": "gpreempt, policy timeslice (slices 80 ms high / 20 ms low)",
+    "gpreempt-share": f"gpreempt, policy share, Case-B --min-share {SHARE_MIN}",
+    "gpreempt-scheduler": "one process: gpreempt.GPUScheduler, Case-A high, Case-B low",
+    "memory-pressure": "gpreempt: Case-A grows beyond free memory, Case-B is evicted",
+    "memory-pressure-baseline": "no gpreempt: Case-A grows beyond free memory",
+}
+
+
+@dataclass(frozen=True)
+class DaemonSetup:
+    """How a scenario with a private daemon starts it and its tasks."""
+
+    policy: str = "hpf"
+    b_mechanism: str = "auto"
+    b_options: tuple[str, ...] = ()
+
+
+DAEMON_SETUPS: dict[str, DaemonSetup] = {
+    **{f"gpreempt-{m}": DaemonSetup(b_mechanism=m) for m in MECHANISMS},
+    "gpreempt-timeslice": DaemonSetup(policy="timeslice"),
+    "gpreempt-share": DaemonSetup(policy="share", b_options=("--min-share", str(SHARE_MIN))),
+    "memory-pressure": DaemonSetup(),
 }
 
 
@@ -68,6 +100,7 @@ class Workloads:
     case_a_fn: str | None = None  # MODULE:FACTORY of a user's request handler
     case_b_fn: str | None = None  # MODULE:FACTORY of a user's training step
     case_b_cmd: str | None = None  # any command as Case-B (shell words)
+    memory_fn: str | None = None  # MODULE:FACTORY of device memory (memory scenarios; torch's)
     warmup_s: float = 2.0  # each process warms up at least this long
     warmup_steps: int = 10
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every process
@@ -90,21 +123,30 @@ class Workloads:
             str(files["out"]),
         ]
 
-    def serve_argv(self, files: dict[str, Path]) -> list[str]:
-        return [*self._module(), "serve", *self.serve_options(files)]
+    def serve_argv(self, files: dict[str, Path], growth: Sequence[str] = ()) -> list[str]:
+        """Case-A; ``growth`` adds the memory-pressure options (see :meth:`growth_options`)."""
+        return [*self._module(), "serve", *self.serve_options(files), *growth]
+
+    def growth_options(self, plan: MemoryPlan, wait_s: float) -> list[str]:
+        argv = ["--grow-bytes", str(plan.growth_bytes), "--grow-at-s", str(plan.growth_at_s)]
+        argv += ["--grow-chunk-bytes", str(plan.chunk_bytes), "--grow-wait-s", str(wait_s)]
+        return argv + (["--memory-fn", self.memory_fn] if self.memory_fn else [])
 
     def calibrate_argv(self, out: Path, count: int) -> list[str]:
         argv = [*self._module(), "serve", "--batch", str(self.case_a_batch)]
         argv += ["--warmup-s", str(self.warmup_s), "--calibrate", str(count), "--out", str(out)]
         return argv + (["--fn", self.case_a_fn] if self.case_a_fn else [])
 
-    def train_argv(self, files: dict[str, Path]) -> list[str]:
+    def train_argv(self, files: dict[str, Path], ballast_bytes: int = 0) -> list[str]:
         if self.case_b_cmd:
             return shlex.split(self.case_b_cmd)
         argv = [*self._module(), "train", "--warmup-s", str(self.warmup_s)]
         argv += ["--warmup-steps", str(self.warmup_steps)]
         if self.case_b_fn:
             argv += ["--fn", self.case_b_fn]
+        if ballast_bytes:
+            argv += ["--ballast-bytes", str(ballast_bytes)]
+            argv += ["--memory-fn", self.memory_fn] if self.memory_fn else []
         return argv + [
             "--ready-file",
             str(files["ready"]),
@@ -114,12 +156,17 @@ class Workloads:
             str(files["out"]),
         ]
 
-    def combined_argv(self, a_files: dict[str, Path], b_files: dict[str, Path]) -> list[str]:
+    def combined_argv(
+        self, a_files: dict[str, Path], b_files: dict[str, Path], role: str = "combined"
+    ) -> list[str]:
+        """Case-A and Case-B in one process: ``combined`` (stream priority) or ``scheduled``
+        (gpreempt.GPUScheduler)."""
         if self.case_b_cmd:
+            scenario = "stream-priority" if role == "combined" else SCHEDULER_SCENARIO
             raise ScenarioFailed(
-                "stream-priority needs Case-B in Python (--case-b-fn), not a command"
+                f"{scenario} needs Case-B in Python (built in or --case-b-fn), not a command"
             )
-        argv = [*self._module(), "combined", *self.serve_options(a_files)]
+        argv = [*self._module(), role, *self.serve_options(a_files)]
         argv += ["--warmup-steps", str(self.warmup_steps), "--train-out", str(b_files["out"])]
         return argv + (["--train-fn", self.case_b_fn] if self.case_b_fn else [])
 
@@ -207,6 +254,8 @@ class RawScenario:
     reason: str | None = None
     gpu: dict[str, Any] | str = "n/a"
     roles: dict[int, str] = field(default_factory=dict)
+    # memory scenarios: the plan, Case-B's exit codes, when its restore came, notes
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def invalidate(self, reason: str) -> None:
         self.valid = False
@@ -226,6 +275,7 @@ class Harness:
     ready_timeout_s: float = 300.0
     nvml: bool = True
     gpu_index: int = 0
+    memory: MemoryPlan | None = None  # the memory scenarios' plan (None: none asked for)
 
 
 def _files(directory: Path, name: str) -> dict[str, Path]:
@@ -289,8 +339,9 @@ class _Daemon:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="gpb-"))
         self.child: Child | None = None
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str], policy: str = "hpf") -> None:
         argv = [*self.harness.gpreempt, "serve", "--runtime-dir", str(self.runtime_dir)]
+        argv += ["--policy", policy]
         self.child = Child.start("daemon", argv, env, self.directory)
         from ..client.connection import DaemonClient
         from ..errors import DaemonUnavailable
@@ -308,12 +359,23 @@ class _Daemon:
                     raise ScenarioFailed("gpreempt serve did not answer within 30 s") from None
                 time.sleep(0.05)
 
-    def wrap(self, argv: list[str], name: str, priority: str, mechanism: str | None) -> list[str]:
+    def wrap(
+        self,
+        argv: list[str],
+        name: str,
+        priority: str,
+        mechanism: str | None,
+        options: Sequence[str] = (),
+    ) -> list[str]:
         wrapped = [*self.harness.gpreempt, "run", "--runtime-dir", str(self.runtime_dir)]
         wrapped += ["--priority", priority, "--name", name]
         if mechanism:
             wrapped += ["--mechanism", mechanism]
-        return [*wrapped, "--", *argv]
+        return [*wrapped, *options, "--", *argv]
+
+    def events(self) -> list[dict[str, Any]]:
+        """The event log so far (while the daemon runs)."""
+        return eventlog.read_events(self.runtime_dir / "events.jsonl")
 
     def stop(self) -> list[dict[str, Any]]:
         """SIGTERM the daemon (it resumes every task), keep its event log and log."""

@@ -19,6 +19,13 @@ Command line (the harness builds these; see :mod:`gpreempt.bench.loops` for the 
     python -m gpreempt.bench.workloads serve --calibrate 200 --out O
     python -m gpreempt.bench.workloads train --ready-file R --stop-file S --out O
     python -m gpreempt.bench.workloads combined ...   # both in one process (stream priority)
+    python -m gpreempt.bench.workloads scheduled ...  # both in one process under GPUScheduler
+
+Memory pressure: ``train --ballast-bytes N`` holds N bytes of device memory beside the model;
+``serve --grow-bytes N --grow-at-s T`` grows Case-A's working set by N bytes inside the first
+request due T seconds into the window (see :class:`gpreempt.bench.loops.Growth`). Device memory
+is torch's (:class:`TorchMemory`) unless ``--memory-fn MODULE:FACTORY`` names an object with
+``free_bytes()``, ``allocate(nbytes)`` (MemoryError when out of memory) and ``release(blocks)``.
 """
 
 from __future__ import annotations
@@ -130,6 +137,39 @@ def transformer_trainer(
     return step
 
 
+class TorchMemory:
+    """Device memory through torch: blocks are uint8 tensors, written once so they are real."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device(device)
+
+    def free_bytes(self) -> int:
+        return int(self._torch.cuda.mem_get_info(self.device)[0])
+
+    def allocate(self, nbytes: int) -> Any:
+        torch = self._torch
+        try:
+            block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise MemoryError(str(exc)) from None
+        block.fill_(1)
+        return block
+
+    def release(self, blocks: list[Any]) -> None:
+        blocks.clear()
+        self._torch.cuda.synchronize(self.device)
+        self._torch.cuda.empty_cache()  # back to the driver, not only to torch's cache
+
+
+def _memory_from(args: argparse.Namespace) -> loops.DeviceMemory:
+    if args.memory_fn:
+        return loops.load_callable(args.memory_fn)()
+    return TorchMemory(args.device)
+
+
 def _server_from(args: argparse.Namespace) -> Callable[[], Any]:
     if args.fn:
         return loops.load_callable(args.fn)()
@@ -169,10 +209,22 @@ def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict
         loops.write_json(args.out, {"pid": os.getpid(), "service_ms": service, **extra})
         return 0
     offsets = json.loads(Path(args.arrivals).read_text())
+    growth = None
+    if getattr(args, "grow_bytes", 0):
+        growth = loops.Growth(
+            _memory_from(args),
+            loops.growth_index(offsets, args.grow_at_s),
+            args.grow_bytes,
+            args.grow_chunk_bytes,
+            args.grow_wait_s,
+        )
     loops.mark_ready(args.ready_file)
     ready_t = time.time()
     go = json.loads(loops.wait_for_file(args.go_file, args.go_timeout_s))
-    result = loops.serve(handle, offsets, float(go["t0"]), loops.request_context())
+    served = growth.wrap(handle) if growth else handle
+    result = loops.serve(served, offsets, float(go["t0"]), loops.request_context())
+    if growth:
+        extra = {**extra, "growth": growth.release()}
     loops.write_json(args.out, {"pid": os.getpid(), "ready_t": ready_t, **result, **extra})
     return 0
 
@@ -184,6 +236,9 @@ def serve_command(args: argparse.Namespace) -> int:
 def train_command(args: argparse.Namespace) -> int:
     stop = loops.StopFlag(args.stop_file)
     step = _trainer_from(args.fn, args)
+    ballast = []
+    if args.ballast_bytes:  # held until the process exits
+        ballast.append(_memory_from(args).allocate(args.ballast_bytes))
     warm = loops.warm_up(step, args.warmup_steps, args.warmup_s)
     loops.mark_ready(args.ready_file)
     ready_t = time.time()
@@ -194,6 +249,7 @@ def train_command(args: argparse.Namespace) -> int:
             "pid": os.getpid(),
             "ready_t": ready_t,
             "warmup_steps": warm,
+            "ballast_bytes": args.ballast_bytes,
             "step_end_t": times,
             "stopped_t": time.time(),
         },
@@ -238,6 +294,49 @@ def combined_command(args: argparse.Namespace) -> int:
     return code
 
 
+def scheduled_command(args: argparse.Namespace) -> int:
+    """Case-A and Case-B in one process under ``gpreempt.GPUScheduler``: Case-B's training
+    steps as a low task (active while it trains), Case-A's requests as a high task that is
+    active only inside ``gpreempt.request()`` (``active_during_call=False``)."""
+    import gpreempt
+
+    sys.setswitchinterval(args.switch_interval_s)
+    handle = _server_from(args)
+    stop = threading.Event()
+    warmed = threading.Event()
+    out: dict[str, Any] = {}
+    code = [1]
+
+    def train_task() -> bool:
+        try:
+            step = _trainer_from(args.train_fn, args)
+            out["warmup_steps"] = loops.warm_up(step, args.warmup_steps, args.warmup_s)
+        finally:
+            warmed.set()
+        out["step_end_t"] = loops.train(step, stop.is_set, args.max_seconds)
+        out["stopped_t"] = time.time()
+        return False
+
+    def serve_task() -> bool:
+        try:
+            warmed.wait()
+            if "warmup_steps" in out:  # else Case-B failed: run() raises its error
+                code[0] = _serve_main(handle, args, {"scheduler": True})
+        finally:
+            stop.set()
+        return False
+
+    sched = gpreempt.GPUScheduler()
+    sched.register_task("case-b", train_task, priority="low")
+    sched.register_task("case-a", serve_task, priority="high", active_during_call=False)
+    try:
+        stats = sched.run()
+    finally:
+        sched.close()
+    loops.write_json(args.train_out, {"pid": os.getpid(), **out, "scheduler_stats": stats})
+    return code[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gpreempt.bench.workloads",
@@ -247,13 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve requests at scheduled arrival times")
     train = sub.add_parser("train", help="train until the stop file appears or SIGTERM")
     both = sub.add_parser("combined", help="serve and train in one process (two threads)")
-    for p in (serve, train, both):
+    sched = sub.add_parser(
+        "scheduled", help="serve and train in one process under gpreempt.GPUScheduler"
+    )
+    for p in (serve, train, both, sched):
         p.add_argument("--device", default="cuda", help="torch device (default cuda)")
         p.add_argument("--ready-file", help="written once warmed up")
         p.add_argument("--out", required=True, help="results JSON")
         p.add_argument("--warmup-s", type=float, default=2.0, help="warm up at least this long")
         p.add_argument("--max-seconds", type=float, default=1800.0, help="safety stop")
-    for p in (serve, both):
+        p.add_argument(
+            "--memory-fn",
+            metavar="MODULE:FACTORY",
+            help="device memory for --ballast-bytes/--grow-bytes (default: torch's)",
+        )
+    for p in (serve, both, sched):
         p.add_argument("--fn", help="MODULE:FACTORY returning a request handler (your own job)")
         p.add_argument("--batch", type=int, default=8, help="ResNet-50 batch (default 8)")
         p.add_argument("--go-file", help="JSON {t0}: serve arrivals from t0")
@@ -261,7 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--arrivals", help="JSON list of arrival offsets in seconds")
         p.add_argument("--calibrate", type=int, default=0, help="measure N isolated requests")
         p.add_argument("--warmup-requests", type=int, default=50)
-    for p in (train, both):
+    serve.add_argument("--grow-bytes", type=int, default=0, help="grow the working set once")
+    serve.add_argument("--grow-at-s", type=float, default=0.0, help="first request due then")
+    serve.add_argument("--grow-chunk-bytes", type=int, default=512 << 20)
+    serve.add_argument(
+        "--grow-wait-s", type=float, default=0.0, help="wait for room this long when out of memory"
+    )
+    for p in (train, both, sched):
         p.add_argument("--d-model", type=int, default=1024)
         p.add_argument("--layers", type=int, default=8)
         p.add_argument("--train-batch", type=int, default=16)
@@ -269,17 +382,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--warmup-steps", type=int, default=10)
     train.add_argument("--fn", help="MODULE:FACTORY returning a training step (your own job)")
     train.add_argument("--stop-file", help="stop when this file appears")
-    both.add_argument("--train-fn", help="MODULE:FACTORY returning a training step")
-    both.add_argument("--train-out", required=True, help="training results JSON")
-    both.add_argument(
-        "--switch-interval-s",
-        type=float,
-        default=0.0005,
-        help="Python thread switch interval, so the serving thread is not held 5 ms by the GIL",
+    train.add_argument(
+        "--ballast-bytes", type=int, default=0, help="hold this much device memory beside the model"
     )
+    for p in (both, sched):
+        p.add_argument("--train-fn", help="MODULE:FACTORY returning a training step")
+        p.add_argument("--train-out", required=True, help="training results JSON")
+        p.add_argument(
+            "--switch-interval-s",
+            type=float,
+            default=0.0005,
+            help="Python thread switch interval, so the serving thread is not held 5 ms by the GIL",
+        )
     serve.set_defaults(func=serve_command)
     train.set_defaults(func=train_command)
     both.set_defaults(func=combined_command)
+    sched.set_defaults(func=scheduled_command)
     return parser
 
 

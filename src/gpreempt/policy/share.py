@@ -4,11 +4,11 @@ Every task runs under strict priority, exactly as with ``hpf``, except that a ta
 with ``--min-share F`` gets at least the fraction F of GPU time over a sliding window of
 WINDOW_S seconds while it is active. When such a task is held back by more important tasks
 and its share over the last window is F or less, it gets a burst: for
-``max(F * WINDOW_S, MIN_BURST_S)`` seconds it runs and the tasks that would preempt it (the
-more important ones on its GPUs) are suspended. Then strict priority returns.
+``max(F * (1 + HEADROOM) * WINDOW_S, MIN_BURST_S)`` seconds it runs and the tasks that would
+preempt it (the more important ones on its GPUs) are suspended. Then strict priority returns.
 
 With an always-active ``high`` task and an always-active ``low --min-share 0.2`` task on one
-GPU, the low task runs 200 ms out of every second and the high task the other 800 ms.
+GPU, the low task runs about 220 ms out of every second and the high task the rest.
 
 The share is run time over wall-clock time: a task that was idle for most of the window has
 a small share, so it gets its burst as soon as it becomes active and is held back. Run time
@@ -33,6 +33,9 @@ from .snapshot import Decision, Snapshot, TaskView
 WINDOW_S = 1.0
 #: Shortest burst, in seconds: shorter ones would cost more in suspend/resume than they give.
 MIN_BURST_S = 0.010
+#: Bursts aim this fraction above the guaranteed share, so that what suspending and resuming
+#: cost in practice (a resumed process is not at full speed at once) does not eat the floor.
+HEADROOM = 0.10
 #: Samples kept per task at most (a safety bound; collinear samples are merged anyway).
 MAX_SAMPLES = 4096
 #: Tolerance for comparing shares and times computed from floating-point sums.
@@ -58,7 +61,7 @@ def check_min_share(value: float | str) -> float:
 
 def burst_seconds(min_share: float) -> float:
     """How long a starved task runs once it is let through."""
-    return max(min_share * WINDOW_S, MIN_BURST_S)
+    return max(min_share * (1 + HEADROOM) * WINDOW_S, MIN_BURST_S)
 
 
 def _wanted_share(task: TaskView) -> float:
