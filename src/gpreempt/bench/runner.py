@@ -18,9 +18,12 @@ from typing import Any
 from .. import __version__
 from ..errors import UsageError
 from . import load, plots, report, stats
-from .metrics import b_rate, scenario_metrics, sequential_metrics
+from .memory import MemoryPlan, make_plan, probe_gpu
+from .metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
 from .scenarios import (
     ALL_SCENARIOS,
+    DEFAULT_SCENARIOS,
+    MEMORY_SCENARIOS,
     Harness,
     RawScenario,
     Workloads,
@@ -41,7 +44,7 @@ class BenchConfig:
     requests: int = 1000
     bg: int = 1
     case_a: str = "light"  # light (batch 8) | heavy (batch 64) | custom (case_a_fn)
-    scenarios: tuple[str, ...] = ALL_SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     repeats: int = 1
     seed: int = 0
     quick: bool = False
@@ -52,6 +55,13 @@ class BenchConfig:
     nvml: bool = True
     probe_device: bool = True
     command: str = ""
+    # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory)
+    ballast_gib: float | None = None
+    growth_gib: float | None = None
+    reserve_gib: float | None = None
+    growth_at_s: float | None = None
+    memory_settle_s: float = 3.0
+    memory_probe: Callable[[], dict[str, Any]] | None = None  # default: probe_gpu()
 
     def check(self) -> None:
         if self.requests < 20:
@@ -64,6 +74,7 @@ class BenchConfig:
             raise UsageError(f"--repeats must be at least 1, got {self.repeats}")
         load.arrival_rate(self.load, 1.0)  # checks the range
         check_scenarios(self.scenarios)
+        make_plan({}, 1.0, self.ballast_gib, self.growth_gib, self.reserve_gib, self.growth_at_s)
 
 
 def scenario_order(names: Sequence[str]) -> list[str]:
@@ -134,6 +145,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
             config.gpreempt,
             config.mps_control,
             nvml=config.nvml,
+            memory=_memory_plan(config, names, offsets[-1]),
         )
         bar.update(1)
         runs: list[dict[str, RawScenario]] = []
@@ -158,7 +170,13 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         bar.close()
 
     per_repeat = [_rows(raws, names) for raws in runs]
-    scenarios = {name: stats.combine_repeats([rows[name] for rows in per_repeat]) for name in names}
+    scenarios = {
+        name: combine_memory_flags(
+            stats.combine_repeats([rows[name] for rows in per_repeat]),
+            [rows[name] for rows in per_repeat],
+        )
+        for name in names
+    }
     calib = stats.latency_summary(service_ms)
     params = {
         "load": config.load,
@@ -178,6 +196,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         "arrival_rate_per_s": rate,
         "arrivals_span_s": offsets[-1],
         "command": config.command,
+        "memory_plan": harness.memory.as_dict() if harness.memory else None,
         # settings the workloads inherit (e.g. GPREEMPT_IDLE_GRACE_MS changes gpreempt's policy)
         "env": {
             k: v
@@ -196,6 +215,25 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
     (out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
     (out / "report.md").write_text(report.render(results))
     return results
+
+
+def _memory_plan(config: BenchConfig, names: Sequence[str], span_s: float) -> MemoryPlan | None:
+    """The memory scenarios' plan from GPU 0's free memory now (None when none is asked for)."""
+    if not any(n in MEMORY_SCENARIOS for n in names):
+        return None
+    if config.memory_probe is not None:
+        probe = config.memory_probe()
+    else:
+        probe = probe_gpu(config.workloads.python, config.workloads.environment())
+    return make_plan(
+        probe,
+        span_s,
+        config.ballast_gib,
+        config.growth_gib,
+        config.reserve_gib,
+        config.growth_at_s,
+        config.memory_settle_s,
+    )
 
 
 def _rows(raws: dict[str, RawScenario], names: Sequence[str]) -> dict[str, dict[str, Any]]:

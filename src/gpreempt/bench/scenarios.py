@@ -406,11 +406,32 @@ def run_scenario(harness: Harness, name: str, directory: Path, b_alone_s: float)
     return raw
 
 
+def _memory_plan(harness: Harness, name: str) -> MemoryPlan:
+    """The plan of a memory scenario, or ScenarioFailed saying why it cannot run here."""
+    plan = harness.memory
+    if plan is None:
+        raise ScenarioFailed("no memory plan: GPU 0's free memory was not measured")
+    if plan.problem:
+        raise ScenarioFailed(plan.problem)
+    if name == "memory-pressure" and plan.checkpoint_problem:
+        raise ScenarioFailed(plan.checkpoint_problem)
+    if harness.workloads.case_b_cmd:
+        raise ScenarioFailed(
+            f"{name} needs Case-B in Python (built in or --case-b-fn) to hold the ballast, "
+            "not a command"
+        )
+    return plan
+
+
 def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> None:
     work, directory = harness.workloads, raw.directory
     with_a = name != "b-alone"
     b_count = 0 if name == "a-alone" else harness.bg
-    mechanism = name.removeprefix("gpreempt-") if name.startswith("gpreempt-") else None
+    setup = DAEMON_SETUPS.get(name)
+    one_process = {"stream-priority": "combined", SCHEDULER_SCENARIO: "scheduled"}.get(name)
+    plan = _memory_plan(harness, name) if name in MEMORY_SCENARIOS else None
+    if plan is not None:
+        raw.memory["plan"] = plan.as_dict()
     children: list[Child] = []
     daemon: _Daemon | None = None
     mps: MpsDaemon | None = None
@@ -435,9 +456,9 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
                     **({"CUDA_MPS_CLIENT_PRIORITY": "1"} if name == "mps-priority" else {}),
                 }
             )
-        if mechanism:
+        if setup:
             daemon = _Daemon(harness, directory)
-            daemon.start(work.environment())
+            daemon.start(work.environment(), setup.policy)
 
         a_files = _files(directory, "case-a")
         if with_a:
@@ -445,12 +466,13 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
             a_files["go"].unlink(missing_ok=True)
         b_files = [_files(directory, f"case-b-{i}") for i in range(b_count)]
 
-        if name == "stream-priority":
-            argv = work.combined_argv(a_files, b_files[0])
+        if one_process:
+            argv = work.combined_argv(a_files, b_files[0], one_process)
             children.append(Child.start("case-a-b", argv, env_a, directory, a_files))
         else:
             for i, files in enumerate(b_files):
-                argv = work.train_argv(files)
+                ballast = plan.ballast_bytes if plan is not None and i == 0 else 0
+                argv = work.train_argv(files, ballast)
                 if work.case_b_cmd:
                     files["user_cmd"] = files["steps"]
                     env = {
@@ -461,13 +483,19 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
                     }
                 else:
                     env = env_b
-                if daemon:
-                    argv = daemon.wrap(argv, f"case-b-{i}", "low", mechanism)
+                if daemon and setup:
+                    argv = daemon.wrap(
+                        argv, f"case-b-{i}", "low", setup.b_mechanism, setup.b_options
+                    )
                 children.append(Child.start(f"case-b-{i}", argv, env, directory, files))
             if with_a:
-                argv = work.serve_argv(a_files)
+                growth: list[str] = []
+                if plan is not None:  # the baseline has nothing to wait for: it fails at once
+                    growth = work.growth_options(plan, plan.wait_s if daemon else 0.0)
+                argv = work.serve_argv(a_files, growth)
                 if daemon:
-                    argv = daemon.wrap(argv, "case-a", "high", None)
+                    reserve = ["--reserve-memory", plan.reserve_option()] if plan else []
+                    argv = daemon.wrap(argv, "case-a", "high", None, reserve)
                 children.append(Child.start("case-a", argv, env_a, directory, a_files))
 
         _wait_ready(children, harness.ready_timeout_s, work.warmup_s * 3)
@@ -479,7 +507,7 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
 
             write_json(a_files["go"], {"t0": t0})
             server = children[-1]
-            limit = 120 + 30 * harness.planned_span_s
+            limit = 120 + 30 * harness.planned_span_s + (plan.wait_s if plan else 0.0)
             try:
                 server.popen.wait(limit)
             except subprocess.TimeoutExpired:
@@ -504,6 +532,8 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
             raw.window = (t0, t0 + b_alone_s)
         if sampler:
             sampler.stop()
+        if plan is not None:
+            _after_growth(raw, plan, daemon)
 
         for child in children:
             if child.name.startswith("case-b"):
@@ -516,8 +546,12 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
                 child.popen.wait(30)
             except subprocess.TimeoutExpired:
                 child.stop()
+        if plan is not None:
+            raw.memory["b_exit_codes"] = [
+                c.popen.returncode for c in children if c.name.startswith("case-b")
+            ]
         for i, files in enumerate(b_files):
-            if name == "stream-priority":
+            if one_process:
                 data = _read_json(files["out"])
             elif work.case_b_cmd:
                 data = {"step_end_t": _user_steps(files["steps"])}
@@ -539,6 +573,52 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
             mps.stop()
         if sampler:
             raw.gpu = sampler.summary(raw.roles)
+
+
+def _after_growth(raw: RawScenario, plan: MemoryPlan, daemon: _Daemon | None) -> None:
+    """After Case-A's window in a memory scenario: check the growth really met a full GPU,
+    wait for Case-B's restore (under gpreempt), then let Case-B run ``settle_s`` more so that
+    its progress after the restore shows."""
+    growth = (raw.serve or {}).get("growth")
+    if not growth:
+        raw.invalidate("Case-A recorded no working-set growth")
+    elif growth.get("free_before_bytes", 0) >= growth.get("asked_bytes", 0):
+        raw.invalidate(
+            f"Case-A's growth ({growth['asked_bytes'] / 2**30:.1f} GiB) fitted in the "
+            f"{growth['free_before_bytes'] / 2**30:.1f} GiB free: there was no memory pressure; "
+            "raise --growth-gib or --ballast-gib"
+        )
+    progress_from = raw.window[1] if raw.window else time.time()
+    if daemon is not None:
+        evicted = False
+        deadline = time.monotonic() + plan.restore_timeout_s
+        while True:
+            events = [e for e in daemon.events() if str(e.get("task", "")).startswith("case-b")]
+            evicted = any(e.get("event") == "evict" for e in events)
+            restores = [e["t"] for e in events if e.get("event") == "restore" and "t" in e]
+            if not evicted or restores or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if restores:
+            raw.memory["restore_t"] = progress_from = max(restores)
+        elif evicted:
+            raw.memory.setdefault("notes", []).append(
+                f"Case-B was not restored within {plan.restore_timeout_s:.0f} s after Case-A's "
+                "window"
+            )
+        if growth and events:
+            early = [
+                e
+                for e in events
+                if e.get("event") == "evict" and e.get("t", float("inf")) < growth["start_t"]
+            ]
+            if early:
+                raw.memory.setdefault("notes", []).append(
+                    "Case-B was evicted before Case-A's growth (its reserve was not free at "
+                    "start): the growth request did not wait for the eviction"
+                )
+    raw.memory["progress_from_t"] = progress_from
+    time.sleep(plan.settle_s)
 
 
 def _roles(raw: RawScenario) -> dict[int, str]:
