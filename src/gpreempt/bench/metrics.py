@@ -8,14 +8,28 @@
   completion), summed over Case-B processes, against Case-B alone with as many processes.
 - ``system_throughput`` = a_served + b_kept (sequential sharing gives 1.0).
 - ``preempt_latency_ms``: the daemon's ``suspend`` events' ``latency_ms``, p50/p99/max.
+- ``gpreempt-scheduler`` (no daemon): ``b_suspended_fraction`` from the scheduler's own
+  accounting of Case-B's suspended time (Case-A is active only inside its window).
+- memory scenarios: ``a_oom`` (Case-A did not get its growth), ``a_growth_request_ms`` (the
+  latency of the request that grew), the daemon's ``evict``/``restore`` events (count, bytes,
+  seconds, GB/s) and whether Case-B survived (exit code 0 and steps after its restore).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import eventlog, stats
-from .scenarios import DESCRIPTIONS, RawScenario
+from .scenarios import (
+    DAEMON_SETUPS,
+    DESCRIPTIONS,
+    MEMORY_SCENARIOS,
+    SCHEDULER_SCENARIO,
+    RawScenario,
+)
+
+GIB = 1 << 30
 
 
 def a_latencies_ms(serve: dict[str, Any]) -> list[float]:
@@ -86,7 +100,15 @@ def scenario_metrics(
         if row["a_served"] is not None and row["b_kept"] is not None
         else None
     )
-    if raw.name.startswith("gpreempt-"):
+    if raw.name == SCHEDULER_SCENARIO:
+        row.update(preempt_latency_ms=None, suspensions=None)
+        sched = (raw.trains[0] if raw.trains else {}).get("scheduler_stats") or {}
+        suspended = (sched.get("case-b") or {}).get("suspended_seconds")
+        window = row["window_s"]
+        row["b_suspended_fraction"] = (
+            min(1.0, suspended / window) if suspended is not None and window else None
+        )
+    elif raw.name in DAEMON_SETUPS:
         events = eventlog.in_window(raw.events, *raw.window) if raw.window else raw.events
         row["preempt_latency_ms"] = stats.tail_summary(eventlog.suspend_latencies_ms(events))
         if raw.window:
@@ -96,8 +118,73 @@ def scenario_metrics(
         row["suspensions"] = sum(1 for e in events if e.get("event") == "suspend")
     else:
         row["preempt_latency_ms"] = None
+    if raw.name in MEMORY_SCENARIOS:
+        row.update(memory_metrics(raw))
     row["gpu_util"] = raw.gpu
     return row
+
+
+def _moves(events: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
+    """count, bytes, seconds and GB/s (bytes over seconds) of the ``kind`` events."""
+    chosen = [e for e in events if e.get("event") == kind]
+    moved = sum(int(e.get("bytes") or 0) for e in chosen)
+    seconds = sum(float(e.get("latency_ms") or 0.0) for e in chosen) / 1000.0
+    return {
+        "count": len(chosen),
+        "bytes": moved,
+        "gib": moved / GIB,
+        "seconds": seconds,
+        "gb_per_s": moved / seconds / 1e9 if seconds > 0 else None,
+    }
+
+
+def memory_metrics(raw: RawScenario) -> dict[str, Any]:
+    """The memory scenarios' fields of a row (see the module docstring)."""
+    serve = raw.serve or {}
+    growth = serve.get("growth") or {}
+    row: dict[str, Any] = {"memory_plan": raw.memory.get("plan")}
+    row["a_oom"] = bool(growth["oom"]) if "oom" in growth else None
+    row["a_growth_gib"] = growth["got_bytes"] / GIB if "got_bytes" in growth else None
+    row["a_free_before_growth_gib"] = (
+        growth["free_before_bytes"] / GIB if "free_before_bytes" in growth else None
+    )
+    row["a_growth_s"] = growth.get("seconds")
+    row["a_growth_waited_s"] = growth.get("waited_s")
+    index = growth.get("index")
+    if isinstance(index, int) and serve.get("end") and index < len(serve["end"]):
+        row["a_growth_request_ms"] = (serve["end"][index] - serve["scheduled"][index]) * 1000.0
+    else:
+        row["a_growth_request_ms"] = None
+    if raw.name in DAEMON_SETUPS:
+        row["memory_events"] = {kind: _moves(raw.events, kind) for kind in ("evict", "restore")}
+        errors = [e.get("reason") for e in raw.events if e.get("event") == "error"]
+        row["memory_errors"] = [str(r) for r in errors if r]
+    else:
+        row["memory_events"] = None
+    codes = raw.memory.get("b_exit_codes") or []
+    row["b_exit_code"] = codes[0] if codes else None
+    start = raw.memory.get("progress_from_t")
+    steps = (raw.trains[0].get("step_end_t") or []) if raw.trains else []
+    row["b_steps_after_restore"] = (
+        sum(1 for t in steps if t > start) if start is not None else None
+    )
+    row["b_restored"] = raw.memory.get("restore_t") is not None
+    row["b_survived"] = bool(row["b_exit_code"] == 0 and row["b_steps_after_restore"])
+    row["memory_notes"] = list(raw.memory.get("notes") or [])
+    return row
+
+
+def combine_memory_flags(
+    merged: dict[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Over repeats, Case-A ran out of memory if it did in any repeat, and Case-B survived
+    only if it did in every one (other fields: see stats.combine_repeats)."""
+    if "a_oom" in merged:
+        flags = [r.get("a_oom") for r in rows if r.get("a_oom") is not None]
+        merged["a_oom"] = any(flags) if flags else None
+        merged["b_survived"] = all(bool(r.get("b_survived")) for r in rows)
+        merged["b_restored"] = all(bool(r.get("b_restored")) for r in rows)
+    return merged
 
 
 def sequential_metrics(a_row: dict[str, Any], b_row: dict[str, Any]) -> dict[str, Any]:
