@@ -1,20 +1,30 @@
 """Stand-ins for the benchmark's GPU workloads and for the gpreempt daemon, for CPU tests.
 
-``serve_factory``/``train_factory`` are what ``--case-a-fn``/``--case-b-fn`` take. Running this
-file as a script emulates ``gpreempt serve`` (answers ping, writes an event log) and
-``gpreempt run`` (runs the command; a high-priority task logs a suspend/resume of case-b-0).
+``serve_factory``/``train_factory`` are what ``--case-a-fn``/``--case-b-fn`` take;
+``FakeMemory`` is a device memory (``--memory-fn``) kept as a JSON pool in the file
+$FAKE_GPU_POOL, shared by every process. Running this file as a script emulates
+``gpreempt serve`` (answers ping, writes an event log, logs its command line to daemon.log) and
+``gpreempt run`` (runs the command and logs a ``registered`` event with its command line; a
+high-priority task logs a suspend/resume of case-b-0; one with ``--reserve-memory`` moves the
+other processes' pool memory out while the pool's free memory is below its reserve, as an
+eviction, and back when its command ends).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+GIB = 1 << 30
 
 
 def serve_factory():
@@ -47,6 +57,87 @@ def train_factory():
     return step
 
 
+@contextlib.contextmanager
+def _pool():
+    """The fake GPU's memory {"free": bytes, "held": {pid: bytes}}, locked while in use."""
+    path = Path(os.environ["FAKE_GPU_POOL"])
+    with open(path, "r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        state = json.loads(handle.read())
+        for pid, size in list(state["held"].items()):  # a process's memory ends with it
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                state["free"] += max(0, size)
+                del state["held"][pid]
+        yield state
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(state))
+
+
+class FakeMemory:
+    """Device memory from the shared pool file; blocks are byte counts."""
+
+    def free_bytes(self) -> int:
+        with _pool() as state:
+            return state["free"]
+
+    def allocate(self, nbytes: int) -> int:
+        with _pool() as state:
+            if state["free"] < nbytes:
+                raise MemoryError(f"fake GPU: {nbytes} bytes asked, {state['free']} free")
+            state["free"] -= nbytes
+            pid = str(os.getpid())
+            state["held"][pid] = state["held"].get(pid, 0) + nbytes
+        return nbytes
+
+    def release(self, blocks: list) -> None:
+        with _pool() as state:
+            pid = str(os.getpid())
+            state["free"] += sum(blocks)
+            state["held"][pid] = state["held"].get(pid, 0) - sum(blocks)
+        blocks.clear()
+
+
+def _evictor(runtime_dir: Path, reserve: int, own_pid: int, done: threading.Event) -> None:
+    """While ``done`` is unset: when free < reserve, move the other pids' memory out (evict);
+    once set, move it back (restore)."""
+    moved: dict[str, int] = {}
+    while not done.wait(0.01):
+        with _pool() as state:
+            if moved or state["free"] >= reserve:
+                continue
+            moved = {p: b for p, b in state["held"].items() if p != str(own_pid) and b > 0}
+            for pid, size in moved.items():
+                state["held"][pid] = 0
+                state["free"] += size
+        if moved:
+            total = sum(moved.values())
+            _event(
+                runtime_dir,
+                task="case-b-0",
+                event="evict",
+                bytes=total,
+                latency_ms=40.0,
+                gb_per_s=round(total / 0.04 / 1e9, 3),
+            )
+    if moved:
+        with _pool() as state:
+            for pid, size in moved.items():
+                state["held"][pid] = state["held"].get(pid, 0) + size
+                state["free"] -= size
+        total = sum(moved.values())
+        _event(
+            runtime_dir,
+            task="case-b-0",
+            event="restore",
+            bytes=total,
+            latency_ms=50.0,
+            gb_per_s=round(total / 0.05 / 1e9, 3),
+        )
+
+
 def _event(runtime_dir: Path, **fields: object) -> None:
     fields.setdefault("t", time.time())
     with open(runtime_dir / "events.jsonl", "a") as log:
@@ -55,6 +146,7 @@ def _event(runtime_dir: Path, **fields: object) -> None:
 
 def fake_serve(runtime_dir: Path) -> int:
     runtime_dir.mkdir(parents=True, exist_ok=True)
+    (runtime_dir / "daemon.log").write_text(json.dumps(sys.argv[1:]) + "\n")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(runtime_dir / "gpreempt.sock"))
     server.listen()
@@ -73,7 +165,17 @@ def fake_run(argv: list[str]) -> int:
     runtime_dir = Path(options[options.index("--runtime-dir") + 1])
     name = options[options.index("--name") + 1]
     high = options[options.index("--priority") + 1] == "high"
+    _event(runtime_dir, task=name, event="registered", argv=argv)
     child = subprocess.Popen(command)
+    done = threading.Event()
+    evictor = None
+    if "--reserve-memory" in options:
+        reserve = options[options.index("--reserve-memory") + 1]
+        assert reserve.endswith("MiB"), reserve
+        evictor = threading.Thread(
+            target=_evictor, args=(runtime_dir, int(reserve[:-3]) << 20, child.pid, done)
+        )
+        evictor.start()
     if high:  # "suspend" case-b-0 once Case-A's window has begun
         go = Path(command[command.index("--go-file") + 1])
         while not go.exists() and child.poll() is None:
@@ -83,6 +185,9 @@ def fake_run(argv: list[str]) -> int:
         _event(runtime_dir, task="case-b-0", event="suspend", mechanism="signal", latency_ms=0.25)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     code = child.wait()
+    if evictor is not None:
+        done.set()
+        evictor.join()
     if high:
         _event(runtime_dir, task="case-b-0", event="resume", mechanism="signal", latency_ms=0.1)
     _event(runtime_dir, task=name, event="exit")

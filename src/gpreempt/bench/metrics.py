@@ -144,7 +144,10 @@ def memory_metrics(raw: RawScenario) -> dict[str, Any]:
     growth = serve.get("growth") or {}
     row: dict[str, Any] = {"memory_plan": raw.memory.get("plan")}
     row["a_oom"] = bool(growth["oom"]) if "oom" in growth else None
-    row["a_growth_gib"] = growth["got_bytes"] / GIB if "got_bytes" in growth else None
+    # what Case-A held after the growth (a failed growth keeps nothing)
+    row["a_growth_gib"] = (
+        (0.0 if growth["oom"] else growth["got_bytes"] / GIB) if "got_bytes" in growth else None
+    )
     row["a_free_before_growth_gib"] = (
         growth["free_before_bytes"] / GIB if "free_before_bytes" in growth else None
     )
@@ -165,10 +168,10 @@ def memory_metrics(raw: RawScenario) -> dict[str, Any]:
     row["b_exit_code"] = codes[0] if codes else None
     start = raw.memory.get("progress_from_t")
     steps = (raw.trains[0].get("step_end_t") or []) if raw.trains else []
-    row["b_steps_after_restore"] = (
-        sum(1 for t in steps if t > start) if start is not None else None
+    row["b_steps_after_restore"] = sum(1 for t in steps if t > start) if start is not None else None
+    row["b_restored"] = (
+        raw.memory.get("restore_t") is not None if raw.name in DAEMON_SETUPS else None
     )
-    row["b_restored"] = raw.memory.get("restore_t") is not None
     row["b_survived"] = bool(row["b_exit_code"] == 0 and row["b_steps_after_restore"])
     row["memory_notes"] = list(raw.memory.get("notes") or [])
     return row
@@ -183,7 +186,8 @@ def combine_memory_flags(
         flags = [r.get("a_oom") for r in rows if r.get("a_oom") is not None]
         merged["a_oom"] = any(flags) if flags else None
         merged["b_survived"] = all(bool(r.get("b_survived")) for r in rows)
-        merged["b_restored"] = all(bool(r.get("b_restored")) for r in rows)
+        restored = [r.get("b_restored") for r in rows if r.get("b_restored") is not None]
+        merged["b_restored"] = all(restored) if restored else None
     return merged
 
 

@@ -33,6 +33,90 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _yes_no(value: Any, yes: str = "yes", no: str = "**no**") -> str:
+    return "n/a" if value is None else (yes if value else no)
+
+
+def _memory_section(scenarios: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The memory-pressure table: did Case-A get its memory, what eviction cost, did Case-B
+    survive."""
+    rows = {n: r for n, r in scenarios.items() if "a_oom" in r}
+    if not rows:
+        return []
+    out = ["", "## Memory pressure (Case-A grows its working set beyond free memory)", ""]
+    plan = params.get("memory_plan") or {}
+    if plan:
+        out.append(
+            f"GPU 0 had {_num(plan.get('free_gib'), 1)} GiB free at the start. Case-B holds a "
+            f"{_num(plan.get('ballast_gib'), 1)} GiB ballast beside its model; Case-A grows by "
+            f"{_num(plan.get('growth_gib'), 1)} GiB (chunks of {_num(plan.get('chunk_gib'), 2)} "
+            f"GiB) at the first request due {_num(plan.get('growth_at_s'), 2)} s into its window "
+            f"and keeps it to the end. Under gpreempt Case-A runs with --reserve-memory "
+            f"{_num(plan.get('reserve_gib'), 1)} GiB and waits up to {_num(plan.get('wait_s'), 0)}"
+            " s for room; without gpreempt its growth fails at the first out-of-memory."
+        )
+        out.append("")
+    table = []
+    for name, row in rows.items():
+        events = row.get("memory_events") or {}
+        moves = []
+        for kind in ("evict", "restore"):
+            item = events.get(kind) if isinstance(events, Mapping) else None
+            moves.append(
+                "n/a"
+                if not item
+                else f"{_num(item.get('count'), 0)} / {_num(item.get('gib'), 1)} / "
+                f"{_num(item.get('seconds'), 2)} / {_num(item.get('gb_per_s'), 1)}"
+            )
+        table.append(
+            [
+                name,
+                "yes" if row.get("valid") else "**no**",
+                _yes_no(None if row.get("a_oom") is None else not row["a_oom"], no="**no (OOM)**"),
+                _cell(row, "a_growth_gib", 1),
+                _cell(row, "a_free_before_growth_gib", 1),
+                _cell(row, "a_growth_request_ms", 1),
+                _cell(row, "a_latency_ms.p99", 3),
+                *moves,
+                _num(row.get("b_exit_code"), 0) if row.get("b_exit_code") is not None else "n/a",
+                _cell(row, "b_steps_after_restore", 0),
+                _yes_no(row.get("b_survived")),
+            ]
+        )
+    out += _table(
+        [
+            "scenario",
+            "valid",
+            "A got its memory",
+            "A grew GiB",
+            "free before GiB",
+            "growth request ms",
+            "A P99 ms",
+            "evict n / GiB / s / GB/s",
+            "restore n / GiB / s / GB/s",
+            "B exit code",
+            "B steps after restore",
+            "B survived",
+        ],
+        table,
+    )
+    notes = [f"- `{n}`: {note}" for n, r in rows.items() for note in r.get("memory_notes") or []]
+    notes += [
+        f"- `{n}`: daemon error: {error}"
+        for n, r in rows.items()
+        for error in r.get("memory_errors") or []
+    ]
+    if notes:
+        out += ["", *notes]
+    out += [
+        "",
+        "B steps after restore: Case-B's steps completed after its restore (baseline: after "
+        "Case-A's window), in the seconds before it was stopped. B survived: exit code 0 and "
+        "steps after restore.",
+    ]
+    return out
+
+
 def render(results: Mapping[str, Any]) -> str:
     """Markdown for one run's results.json."""
     device, params = results.get("device", {}), results.get("params", {})
@@ -85,9 +169,17 @@ def render(results: Mapping[str, Any]) -> str:
         for name, row in scenarios.items()
     ]
     out += _table(["scenario", "A served", "B steps/s", "B kept", "system throughput"], rows)
-    preempt = {n: r for n, r in scenarios.items() if n.startswith("gpreempt-")}
+    preempt = {
+        n: r for n, r in scenarios.items() if n.startswith("gpreempt-") or "suspensions" in r
+    }
     if preempt:
         out += ["", "## Preemption (gpreempt daemon's suspend calls)", ""]
+        if "gpreempt-scheduler" in preempt:
+            out.append(
+                "gpreempt-scheduler has no daemon: its B suspended share is the scheduler's own "
+                "accounting; it makes no suspend calls to time."
+            )
+            out.append("")
         rows = [
             [
                 name,
@@ -102,6 +194,7 @@ def render(results: Mapping[str, Any]) -> str:
         out += _table(
             ["scenario", "suspensions", "P50 ms", "P99 ms", "max ms", "B suspended share"], rows
         )
+    out += _memory_section(scenarios, params)
     out += ["", "## GPU utilisation (NVML, sampled during the window)", ""]
     rows = []
     for name, row in scenarios.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import UsageError
 
 EPILOG = """\
-scenarios (all by default; a-alone and b-alone are always measured, every ratio needs them):
+scenarios (a-alone and b-alone are always measured, every ratio needs them):
   a-alone          Case-A alone (reference for the P99 ratio)
   b-alone          Case-B alone (reference for B kept)
   sequential       Case-A then Case-B, no sharing (derived from a-alone and b-alone)
@@ -23,6 +23,19 @@ scenarios (all by default; a-alone and b-alone are always measured, every ratio 
                    a private `gpreempt serve`; Case-B `gpreempt run --priority low
                    --mechanism M`, Case-A `gpreempt run --priority high`
 
+opt-in scenarios (not in the default list, so that --quick keeps to about 8 minutes; name
+them in --scenarios, or use --scenarios all):
+  gpreempt-timeslice   `gpreempt serve --policy timeslice` (default slices: 80 ms high, 20 ms
+                       low); Case-B --mechanism auto
+  gpreempt-share       `gpreempt serve --policy share`; Case-B also --min-share 0.2
+  gpreempt-scheduler   one process, no daemon: gpreempt.GPUScheduler with Case-B's steps as a
+                       low task and Case-A's requests as a high task (request() per request)
+  memory-pressure      Case-B holds a ballast so little memory is free; Case-A (`gpreempt run
+                       --reserve-memory`) grows its working set beyond it mid-window; the
+                       daemon evicts Case-B to the host and restores it after
+  memory-pressure-baseline
+                       the same without gpreempt: Case-A's growth runs out of memory
+
 outputs (in the run's directory): results.json, report.md, latency_cdf.png/.json,
 timeline.png/.json, and runs/r<k>/<scenario>/ with every process's log and raw data.
 
@@ -30,6 +43,8 @@ examples:
   gpreempt bench --quick
   gpreempt bench --bg 3 --case-a heavy --repeats 3 --out runs/heavy-3
   gpreempt bench --scenarios time-sliced,gpreempt-auto --case-b-cmd "python train.py"
+  gpreempt bench --quick --scenarios gpreempt-timeslice,gpreempt-share,gpreempt-scheduler
+  gpreempt bench --quick --scenarios memory-pressure,memory-pressure-baseline --growth-gib 40
 """
 
 
@@ -89,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--scenarios",
         metavar="LIST",
-        help="comma-separated scenarios to run (default: all; see below)",
+        help="comma-separated scenarios to run, or `all` (default: every scenario except the "
+        "opt-in ones; see below)",
     )
     parser.add_argument(
         "--repeats",
@@ -115,6 +131,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--no-nvml", action="store_true", help="do not sample GPU utilisation with NVML"
+    )
+    memory = parser.add_argument_group(
+        "memory-pressure scenarios (defaults from GPU 0's free memory F before the scenarios)"
+    )
+    memory.add_argument(
+        "--ballast-gib",
+        type=float,
+        metavar="GIB",
+        help="GPU memory Case-B holds beside its model (default F/2)",
+    )
+    memory.add_argument(
+        "--growth-gib",
+        type=float,
+        metavar="GIB",
+        help="how much Case-A's working set grows, more than is left free (default F/2)",
+    )
+    memory.add_argument(
+        "--reserve-gib",
+        type=float,
+        metavar="GIB",
+        help="Case-A's --reserve-memory: the headroom below which the daemon evicts (default 2)",
+    )
+    memory.add_argument(
+        "--growth-at-s",
+        type=float,
+        metavar="S",
+        help="grow at the first request due S seconds into Case-A's window (default: a third "
+        "of the way)",
     )
     parser.add_argument(
         "--python",
@@ -145,14 +189,16 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     from ..bench.runner import BenchConfig, run_bench
-    from ..bench.scenarios import ALL_SCENARIOS, Workloads, check_scenarios
+    from ..bench.scenarios import ALL_SCENARIOS, DEFAULT_SCENARIOS, Workloads, check_scenarios
     from ..bench.workloads import CASE_A_BATCH
 
-    scenarios = (
-        check_scenarios([s.strip() for s in args.scenarios.split(",") if s.strip()])
-        if args.scenarios
-        else ALL_SCENARIOS
-    )
+    names = [s.strip() for s in (args.scenarios or "").split(",") if s.strip()]
+    if names == ["all"]:
+        scenarios = ALL_SCENARIOS
+    elif args.scenarios is None:
+        scenarios = DEFAULT_SCENARIOS
+    else:
+        scenarios = check_scenarios(names)
     if not scenarios:
         raise UsageError("--scenarios is empty: name at least one scenario")
     if args.case_b_fn and args.case_b_cmd:
@@ -182,6 +228,10 @@ def run(args: argparse.Namespace) -> int:
         workloads=workloads,
         nvml=not args.no_nvml,
         command=shlex.join(["gpreempt", *sys.argv[1:]]),
+        ballast_gib=args.ballast_gib,
+        growth_gib=args.growth_gib,
+        reserve_gib=args.reserve_gib,
+        growth_at_s=args.growth_at_s,
     )
     results = run_bench(config)
     _print_summary(results, config.out_dir)
@@ -211,4 +261,15 @@ def _print_summary(results: dict, out_dir: Path) -> None:
         )
     console = Console()
     console.print(table)
+    for name, row in results["scenarios"].items():
+        if "a_oom" not in row:
+            continue
+        oom = row.get("a_oom")
+        got = "n/a" if oom is None else ("no (out of memory)" if oom else "yes")
+        evict = (row.get("memory_events") or {}).get("evict") or {}
+        console.print(
+            f"{name}: Case-A got its memory: {got}; growth request "
+            f"{fmt(row.get('a_growth_request_ms'), 1)} ms; evictions {evict.get('count', 'n/a')}; "
+            f"Case-B survived: {'yes' if row.get('b_survived') else 'no'}"
+        )
     console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")

@@ -1,0 +1,68 @@
+"""`gpreempt run` gives a PyTorch child the launch gate without code changes (CPU tensors)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Counter, Daemon, gpreempt, spawn, wait_for
+
+pytest.importorskip("torch")
+
+TORCH_COUNTER = """
+import os, sys, torch
+path, tmp = sys.argv[1], sys.argv[1] + ".tmp"
+x = torch.zeros(16)
+i = 0
+while True:
+    x = x + 1          # a PyTorch operator: the gate sees it
+    i += 1
+    if i % 200 == 0:
+        with open(tmp, "w") as f:
+            f.write(str(i))
+        os.replace(tmp, path)
+"""
+
+
+def test_gate_is_installed_and_used_by_auto(
+    daemon: Daemon, runtime_dir: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "torch_counter.py"
+    script.write_text(TORCH_COUNTER)
+    progress = tmp_path / "progress"
+    low = spawn(
+        runtime_dir,
+        "run",
+        "--priority",
+        "low",
+        "--name",
+        "trainer",
+        "--",
+        sys.executable,
+        str(script),
+        str(progress),
+    )
+    try:
+        counter = Counter(progress)
+        assert wait_for(lambda: counter.value() > 0, 120), "the PyTorch child never ran"
+
+        def trainer() -> dict:
+            reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+            return next(t for t in reply["tasks"] if t["name"] == "trainer")
+
+        assert wait_for(lambda: (trainer()["gate"] or {}).get("installed"), 30)
+        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
+        status = trainer()
+        assert status["state"] == "held" and status["last_mechanism"] == "gate"
+        time.sleep(0.2)
+        assert counter.progress_over(0.5) == 0, "the gate let operators through"
+        assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
+        assert wait_for(lambda: counter.progress_over(0.1) > 0, 5)
+        assert trainer()["gate"]["waits"] >= 1
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(30)
