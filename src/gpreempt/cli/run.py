@@ -10,6 +10,8 @@ from ._task_options import add_mechanism_option, add_task_options, parse_size, t
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..policy import POLICIES
+
     parser = subparsers.add_parser(
         "run",
         help="run a command as a task with a priority",
@@ -32,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--policy",
+        choices=sorted(POLICIES),
         help="policy for a daemon this command starts (ignored if one already runs)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
