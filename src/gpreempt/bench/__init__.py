@@ -2,7 +2,8 @@
 
 Layers (torch only in :mod:`.workloads`' builders, matplotlib only in :mod:`.plots`):
 
-- :mod:`.load`, :mod:`.stats`, :mod:`.eventlog`, :mod:`.metrics`: pure computation;
+- :mod:`.load`, :mod:`.stats`, :mod:`.eventlog`, :mod:`.metrics`, :mod:`.memory`: pure
+  computation (and the memory scenarios' plan);
 - :mod:`.loops`, :mod:`.workloads`: the benchmark processes (serve, train) and their handshake;
 - :mod:`.scenarios`, :mod:`.mps`, :mod:`.nvml`, :mod:`.device`: starting and watching processes;
 - :mod:`.runner`, :mod:`.report`, :mod:`.plots`, :mod:`.demo`: a whole run and its outputs.
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from .load import arrival_rate, poisson_arrivals
 from .runner import BenchConfig, run_bench
-from .scenarios import ALL_SCENARIOS, Workloads
+from .scenarios import ALL_SCENARIOS, DEFAULT_SCENARIOS, Workloads
 
 __all__ = [
     "ALL_SCENARIOS",
+    "DEFAULT_SCENARIOS",
     "BenchConfig",
     "Workloads",
     "arrival_rate",

@@ -215,12 +215,14 @@ class GPUScheduler:
 
     def _enter(self, task: SchedTask) -> None:
         with self._lock:
+            self._account(time.monotonic())  # time so far counts under the old activity
             task.requests += 1
             if task.requests == 1:
                 self._reschedule()
 
     def _exit(self, task: SchedTask) -> None:
         with self._lock:
+            self._account(time.monotonic())
             task.requests -= 1
             if task.requests == 0:
                 self._reschedule()
