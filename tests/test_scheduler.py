@@ -46,16 +46,18 @@ def test_low_thread_waits_while_high_request_is_open(native) -> None:
 
     sched.register_task("case-b", low_step, priority="low")
     sched.register_task("case-a", high_call, priority="high", active_during_call=False)
+    started = time.monotonic()
     try:
         stats = sched.run(duration_s=10)
     finally:
         sched.close()
+    wall = time.monotonic() - started
     assert len(windows) == 2
     for before, after in windows:
         assert after - before <= 1, "the low task kept launching inside the high request"
     assert progress["low"] > 50, "the low task did not run outside the requests"
     assert stats["case-b"]["suspended_seconds"] >= 0.7
-    assert stats["case-b"]["run_seconds"] + stats["case-b"]["suspended_seconds"] < 10
+    assert stats["case-b"]["run_seconds"] + stats["case-b"]["suspended_seconds"] <= wall + 0.1
     assert stats["case-a"]["calls"] == 2
 
 
