@@ -15,8 +15,16 @@ from gpreempt.protocol import MAX_MESSAGE, Connection, decode, encode, raise_for
 
 @pytest.mark.parametrize(
     "text, value",
-    [("high", 100), ("HIGH", 100), (" normal ", 0), ("low", -100), ("255", 255), ("-255", -255),
-     (7, 7), ("0", 0)],
+    [
+        ("high", 100),
+        ("HIGH", 100),
+        (" normal ", 0),
+        ("low", -100),
+        ("255", 255),
+        ("-255", -255),
+        (7, 7),
+        ("0", 0),
+    ],
 )
 def test_priorities(text, value) -> None:
     assert parse_priority(text) == value
@@ -34,8 +42,16 @@ def test_priority_names() -> None:
 
 @pytest.mark.parametrize(
     "text, size",
-    [("20GiB", 20 << 30), ("512MiB", 512 << 20), ("4G", 4_000_000_000), ("1.5g", 1_500_000_000),
-     ("1024", 1024), ("3kb", 3000), ("", 0), (None, 0)],
+    [
+        ("20GiB", 20 << 30),
+        ("512MiB", 512 << 20),
+        ("4G", 4_000_000_000),
+        ("1.5g", 1_500_000_000),
+        ("1024", 1024),
+        ("3kb", 3000),
+        ("", 0),
+        (None, 0),
+    ],
 )
 def test_sizes(text, size) -> None:
     assert parse_size(text) == size

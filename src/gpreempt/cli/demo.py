@@ -110,9 +110,10 @@ def show(console: Any, rows: list[dict[str, Any]], b_title: str) -> None:
     table.add_column("Case-A P50", justify="right")
     table.add_column("Case-A P99", justify="right")
     table.add_column(b_title, justify="right")
-    table.add_column("")
+    notes = any(row["note"] for row in rows)
+    if notes:
+        table.add_column("note")
     for row in rows:
-        table.add_row(
-            row["scenario"], fmt(row["p50"]), fmt(row["p99"]), fmt(row["b"], 1), row["note"]
-        )
+        cells = [row["scenario"], fmt(row["p50"]), fmt(row["p99"]), fmt(row["b"], 1)]
+        table.add_row(*cells, *([row["note"]] if notes else []))
     console.print(table)
