@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from gpreempt.monitor import nvml
-from gpreempt.monitor.nvml import NA
+from gpreempt import nvml
+from gpreempt.nvml import NA
 
 
 class NVMLError(Exception):

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 from test_nvml import FakeNvml
 from test_top import STATUS
 
+from gpreempt import nvml
 from gpreempt.cli import main
 from gpreempt.cli.queues import amd_view, nvidia_view
-from gpreempt.monitor import nvml
-from gpreempt.monitor.nvml import NA
+from gpreempt.nvml import NA
 
 FIX = Path(__file__).parent / "fixtures" / "amd"
 

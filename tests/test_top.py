@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
+from gpreempt import nvml
 from gpreempt.cli import main
 from gpreempt.cli.top import build_frame
-from gpreempt.monitor import nvml
-from gpreempt.monitor.nvml import NA, GpuInfo, NvmlSnapshot
+from gpreempt.nvml import NA, GpuInfo, NvmlSnapshot
 
 STATUS = {
     "ok": True,

@@ -21,13 +21,15 @@ try:
 except Exception as exc:
     info["torch_error"] = str(exc)
 try:
-    import pynvml
-    pynvml.nvmlInit()
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-    if info["name"] is None and pynvml.nvmlDeviceGetCount():
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        info["name"] = name.decode() if isinstance(name, bytes) else name
+    from gpreempt.nvml import NA, open_nvml
+    nv = open_nvml()
+    if not isinstance(nv, NA):
+        with nv:
+            driver = nv.driver_version()
+            info["driver"] = None if isinstance(driver, NA) else driver
+            if info["name"] is None and not isinstance(nv.device_count(), NA):
+                name = nv.gpu(0, with_processes=False).name
+                info["name"] = None if isinstance(name, NA) else name
 except Exception:
     pass
 print(json.dumps(info))

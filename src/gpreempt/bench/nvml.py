@@ -1,15 +1,16 @@
 """GPU utilisation and memory, per device and per process, sampled while a scenario runs.
 
-Uses NVML through nvidia-ml-py when it is installed; without it (or without a GPU) every
-number is reported as "n/a" instead of failing the run.
+Uses NVML through the project's one NVML module (:mod:`gpreempt.nvml`); without
+nvidia-ml-py or a GPU every number is reported as "n/a" instead of failing the run.
 """
 
 from __future__ import annotations
 
 import statistics
 import threading
-import time
 from typing import Any
+
+from ..nvml import NA, open_nvml
 
 
 class NvmlSampler:
@@ -24,50 +25,43 @@ class NvmlSampler:
         self.proc_sm: dict[int, list[float]] = {}  # pid -> SM % samples
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception as exc:  # ImportError, NVMLError: no NVML here
-            self.unavailable = f"NVML unavailable: {exc}"
+        self._nvml: Any = None
+        session = open_nvml()
+        if isinstance(session, NA):
+            self.unavailable = f"NVML unavailable: {session.reason}"
+        else:
+            self._nvml = session
 
     def start(self) -> None:
-        if self.unavailable:
+        if self._nvml is None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        nvml, handle = self._nvml, self._handle
-        last_ts = int(time.time() * 1e6)
         while not self._stop.wait(self.interval_s):
-            try:
-                util = nvml.nvmlDeviceGetUtilizationRates(handle)
-                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-                self.device.append((float(util.gpu), float(util.memory), mem.used / 2**20))
-            except Exception:
-                pass
-            try:
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    used = (proc.usedGpuMemory or 0) / 2**20
+            info = self._nvml.gpu(self.index, with_processes=True)
+            if not isinstance(info.util_gpu, NA) and not isinstance(info.memory_used, NA):
+                util_memory = 0.0 if isinstance(info.util_memory, NA) else info.util_memory
+                self.device.append(
+                    (float(info.util_gpu), float(util_memory), info.memory_used / 2**20)
+                )
+            for proc in info.processes if isinstance(info.processes, list) else []:
+                if not isinstance(proc.used_memory, NA):
+                    used = proc.used_memory / 2**20
                     self.proc_mem[proc.pid] = max(self.proc_mem.get(proc.pid, 0.0), used)
-            except Exception:
-                pass
-            try:
-                for sample in nvml.nvmlDeviceGetProcessUtilization(handle, last_ts):
-                    self.proc_sm.setdefault(sample.pid, []).append(float(sample.smUtil))
-                    last_ts = max(last_ts, int(sample.timeStamp))
-            except Exception:
-                pass  # NVML_ERROR_NOT_FOUND when no sample is new
+                if not isinstance(proc.sm_util, NA):
+                    self.proc_sm.setdefault(proc.pid, []).append(float(proc.sm_util))
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+        if self._nvml is not None:
+            self._nvml.close()  # one sampler per scenario: its NVML session ends with it
+            self._nvml = None
 
     def summary(self, roles: dict[int, str] | None = None) -> dict[str, Any] | str:
         """Means and maxima of what was sampled; "n/a" where NVML was missing."""

@@ -64,7 +64,7 @@ def nvidia_view(
     runtime_dir: Any, pid: int | None, nvml_lib: Any = None, status: Any = "fetch"
 ) -> dict[str, Any]:
     """NVML's processes per GPU joined with the daemon's tasks (JSON-ready)."""
-    from ..monitor import nvml
+    from .. import nvml
     from ..monitor.daemon_view import fetch_status, tasks_by_pid
 
     snap = nvml.snapshot(nvml_lib)

@@ -40,8 +40,8 @@ def build_frame(
     from rich.table import Table
     from rich.text import Text
 
-    from ..monitor.nvml import NA
     from ..monitor.textfmt import num, short, size
+    from ..nvml import NA
 
     parts: list[Any] = []
     stamp = time.strftime("%H:%M:%S", time.localtime(now if now is not None else time.time()))
@@ -118,7 +118,7 @@ def build_frame(
 
 
 def _frame(runtime_dir: Any, nv: Any) -> Any:
-    from ..monitor import nvml
+    from .. import nvml
     from ..monitor.daemon_view import fetch_status
 
     status, reason = fetch_status(runtime_dir, timeout=1.0)
@@ -130,7 +130,7 @@ def _frame(runtime_dir: Any, nv: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..monitor import nvml
+    from .. import nvml
     from ..monitor.textfmt import console
 
     if args.interval <= 0:

@@ -52,7 +52,7 @@ class MemoryProbe:
         self._nvml = None
 
     def _session(self):  # type: ignore[no-untyped-def]
-        from ..monitor.nvml import NA, open_nvml
+        from ..nvml import NA, open_nvml
 
         if self._nvml is None:
             nv = open_nvml()
