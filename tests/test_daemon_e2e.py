@@ -339,3 +339,47 @@ def test_equal_priorities_never_suspend_each_other(
         for p in (a, b):
             p.send_signal(signal.SIGTERM)
             p.wait(10)
+
+
+PERIODIC_REQUESTS = """
+import gpreempt, sys, time
+while True:
+    with gpreempt.request():
+        time.sleep(0.3)
+    time.sleep(0.3)
+"""
+
+
+def test_clients_carry_over_to_a_new_daemon(
+    runtime_dir: Path, counter_script: Path, tmp_path: Path
+) -> None:
+    """After a SIGKILL, the launchers register again and the in-process client hands its
+    control block to the new daemon: requests preempt the low task again."""
+    daemon = Daemon(runtime_dir)
+    script = tmp_path / "periodic.py"
+    script.write_text(PERIODIC_REQUESTS)
+    low = spawn(
+        runtime_dir,
+        "run",
+        "-p",
+        "low",
+        "--name",
+        "trainer",
+        "--",
+        "python3",
+        str(counter_script),
+        str(tmp_path / "progress"),
+    )
+    high = spawn(runtime_dir, "run", "-p", "high", "--name", "server", "--", "python3", str(script))
+    try:
+        assert wait_for(lambda: (task_named(runtime_dir, "trainer") or {}).get("preemptions"), 10)
+        daemon.stop(signal.SIGKILL)
+        daemon = Daemon(runtime_dir)
+        assert wait_for(
+            lambda: (task_named(runtime_dir, "trainer") or {}).get("preemptions", 0) >= 2, 15
+        ), "requests of the server did not reach the new daemon"
+    finally:
+        for proc in (low, high):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        daemon.stop()

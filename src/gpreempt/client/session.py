@@ -5,13 +5,15 @@ and runtime directory in its environment) or calls :func:`gpreempt.attach`. With
 ``request()`` and ``should_yield()`` cost a dictionary lookup and do nothing, so libraries
 can call them unconditionally.
 
-If the daemon goes away, the session opens its own gate at once: nothing stays blocked.
+If the daemon goes away, the session opens its own gate at once, so nothing stays blocked, and
+hands the same control block to the next daemon that serves the runtime directory.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID
@@ -20,13 +22,23 @@ from ..errors import DaemonUnavailable, GpreemptError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 
+#: How often a session whose daemon went away looks for a new one.
+RECONNECT_PERIOD_S = 1.0
+
 
 class Session:
     """A live channel: the control block shared with the daemon and the request count."""
 
-    def __init__(self, client: DaemonClient, control: ControlBlock, reply: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: DaemonClient,
+        control: ControlBlock,
+        reply: dict[str, Any],
+        register: dict[str, Any] | None = None,
+    ) -> None:
         self.client = client
         self.control = control
+        self._register = register
         self.task_id: int = reply["task_id"]
         self.name: str = reply["name"]
         self.priority: int = reply["priority"]
@@ -39,19 +51,41 @@ class Session:
         self._watcher.start()
 
     def _watch(self) -> None:
-        """Wait for the daemon to close the connection; then open our own gate."""
-        sock = self.client.connection.sock
-        sock.settimeout(None)
-        try:
-            while sock.recv(4096):
+        """While connected, wait for the daemon to go away; then open our own gate at once and
+        offer the same control block to the next daemon of the runtime directory, so the gate
+        and the request count carry over."""
+        while True:
+            sock = self.client.connection.sock
+            sock.settimeout(None)
+            try:
+                while sock.recv(4096):
+                    pass
+            except OSError:
                 pass
-        except OSError:
-            pass
-        self.connected = False
+            self.connected = False
+            try:
+                self.control.set_gate(False)
+            except ValueError:
+                return  # the block was closed during interpreter shutdown
+            self.client.close()
+            while not self._reconnect():
+                time.sleep(RECONNECT_PERIOD_S)
+
+    def _reconnect(self) -> bool:
         try:
-            self.control.set_gate(False)
-        except ValueError:
-            pass  # the block was closed during interpreter shutdown
+            client = DaemonClient.connect(self.client.runtime_dir, timeout=2.0)
+        except GpreemptError:
+            return False
+        fields: dict[str, Any] = {"register": self._register} if self._register else {}
+        try:
+            reply = client.open_channel(self.control.memfd, self.control.doorbell, **fields)
+        except (GpreemptError, ProtocolError, OSError):
+            client.close()  # e.g. the launcher has not registered us again yet
+            return False
+        self.client = client
+        self.task_id = reply["task_id"]
+        self.connected = True
+        return True
 
     def enter_request(self) -> None:
         with self._lock:
@@ -108,7 +142,7 @@ def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
         if isinstance(exc, GpreemptError):
             raise
         raise DaemonUnavailable(f"the daemon did not accept this process: {exc}") from None
-    _session = Session(client, control, reply)
+    _session = Session(client, control, reply, register)
     return _session
 
 
