@@ -33,6 +33,13 @@ REPO = HERE.parents[2]
 
 
 # ---------------------------------------------------------------------- workloads
+def write_progress(path: Path, text: str) -> None:
+    """Replace a progress file atomically, so that a reader never sees it half written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def train(args: argparse.Namespace) -> None:
     """Deterministic small Transformer training; writes progress and a hash of the weights."""
     import torch
@@ -47,7 +54,7 @@ def train(args: argparse.Namespace) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device=device)
     progress = Path(args.progress)
-    progress.write_text("0")
+    write_progress(progress, "0")
     for step in range(args.steps):
         gen.manual_seed(step)
         x = torch.randn(8, 256, 512, device=device, generator=gen)
@@ -58,7 +65,7 @@ def train(args: argparse.Namespace) -> None:
         opt.step()
         if step % 5 == 0:
             loss.item()
-            progress.write_text(str(step))
+            write_progress(progress, str(step))
     torch.cuda.synchronize()
     digest = hashlib.sha256()
     for p in model.parameters():
@@ -66,7 +73,7 @@ def train(args: argparse.Namespace) -> None:
     if ballast is not None:
         digest.update(str(float(ballast.sum().item())).encode())
     Path(args.result).write_text(digest.hexdigest())
-    progress.write_text(str(args.steps))
+    write_progress(progress, str(args.steps))
 
 
 def cupy_loop(args: argparse.Namespace) -> None:
@@ -82,7 +89,7 @@ def cupy_loop(args: argparse.Namespace) -> None:
         a /= cp.linalg.norm(a)
         cp.cuda.runtime.deviceSynchronize()
         i += 1
-        progress.write_text(str(i))
+        write_progress(progress, str(i))
 
 
 def hold_memory(args: argparse.Namespace) -> None:
@@ -91,7 +98,7 @@ def hold_memory(args: argparse.Namespace) -> None:
 
     buf = torch.ones(int(args.gib * (1 << 30)) // 4, device="cuda")
     torch.cuda.synchronize()
-    Path(args.progress).write_text("ready")
+    write_progress(Path(args.progress), "ready")
     while True:
         time.sleep(1)
         del_me = buf  # keep it alive
