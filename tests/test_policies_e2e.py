@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 from conftest import Counter, Daemon, gpreempt, spawn, wait_for
 
 
-def start(runtime_dir: Path, script: Path, out: Path, *options: str):
+def start(runtime_dir: Path, script: Path, out: Path, *options: str, core: int | None = None):
+    pin = [] if core is None else [str(core)]
     return spawn(
         runtime_dir,
         "run",
@@ -21,7 +23,12 @@ def start(runtime_dir: Path, script: Path, out: Path, *options: str):
         "python3",
         str(script),
         str(out),
+        *pin,
     )
+
+
+def last_core() -> int:
+    return max(os.sched_getaffinity(0))
 
 
 def stop_all(*procs) -> None:
@@ -36,8 +43,11 @@ def test_timeslice_80_20_progresses_4_to_1(
 ) -> None:
     daemon = Daemon(runtime_dir, "--policy", "timeslice")
     a_out, b_out = tmp_path / "a", tmp_path / "b"
-    a = start(runtime_dir, counter_script, a_out, "--name", "a", "--timeslice-ms", "80")
-    b = start(runtime_dir, counter_script, b_out, "--name", "b", "--timeslice-ms", "20")
+    # Both on one core, so that a counter's speed while it runs does not depend on which core
+    # it got; the other core is left to the daemon and the test.
+    core = last_core()
+    a = start(runtime_dir, counter_script, a_out, "--name", "a", "--timeslice-ms", "80", core=core)
+    b = start(runtime_dir, counter_script, b_out, "--name", "b", "--timeslice-ms", "20", core=core)
     try:
         ca, cb = Counter(a_out), Counter(b_out)
         assert wait_for(lambda: ca.value() > 0 and cb.value() > 0, 10)
