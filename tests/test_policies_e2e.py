@@ -77,6 +77,7 @@ def test_share_keeps_min_share_beside_always_active_high(
         "low",
         "--min-share",
         "0.2",
+        core=last_core(),
     )
     high = None
     try:
@@ -85,10 +86,19 @@ def test_share_keeps_min_share_beside_always_active_high(
         time.sleep(0.3)
         alone = counter.progress_over(2.0) / 2.0
         high = start(
-            runtime_dir, counter_script, tmp_path / "high", "--name", "high", "--priority", "high"
+            runtime_dir,
+            counter_script,
+            tmp_path / "high",
+            "--name",
+            "high",
+            "--priority",
+            "high",
+            core=last_core(),
         )
         time.sleep(1.5)  # a full window under the share policy
-        shared = counter.progress_over(4.0) / 4.0
+        # Bursts come about once a second: a long window keeps the count of whole bursts in
+        # it from swinging the result (3 or 4 bursts in 4 s would be 0.17 or 0.22).
+        shared = counter.progress_over(10.0) / 10.0
         kept = shared / alone
         assert kept >= 0.18, f"low kept {kept:.2f} of its standalone progress"
         assert kept <= 0.6, f"low kept {kept:.2f}: strict priority was not enforced"
