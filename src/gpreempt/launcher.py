@@ -163,7 +163,6 @@ class Launcher:
         self.policy = policy
         self.client: DaemonClient | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self._forwarded: int | None = None
 
     def run(self) -> int:
         executable = shutil.which(self.command[0])
@@ -172,8 +171,8 @@ class Launcher:
         self.client = connect_or_start_daemon(self.runtime_dir, self.policy)
         go_r, go_w = os.pipe()
         try:
-            # The command waits (in a shell, before exec) until it is registered, so that
-            # it can never run unseen by the daemon; the pid stays the same across exec.
+            # The command waits (in a minimal Python, before exec) until it is registered, so
+            # that it never runs unseen by the daemon; the pid stays the same across exec.
             self.process = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
                 env=child_environment(self.runtime_dir, self.spec),
@@ -282,8 +281,12 @@ class Launcher:
     def _try_reconnect(self, selector: selectors.BaseSelector) -> None:
         try:
             client = DaemonClient.connect(self.runtime_dir, timeout=2.0)
-            self._register(client)
         except GpreemptError:
+            return
+        try:
+            self._register(client)
+        except (GpreemptError, OSError):
+            client.close()
             return
         self.client = client
         selector.register(client.connection.sock, selectors.EVENT_READ, "daemon")
