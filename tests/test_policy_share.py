@@ -45,7 +45,7 @@ def test_registered() -> None:
 
 def test_window_and_burst_defaults() -> None:
     assert WINDOW_S == 1.0
-    assert round(HEADROOM, 6) == 0.1
+    assert round(HEADROOM, 6) == 0.2
     assert burst_seconds(0.2) == pytest.approx(0.2 * (1 + HEADROOM))
     assert burst_seconds(0.001) == MIN_BURST_S == pytest.approx(0.010)
 
@@ -84,17 +84,17 @@ def test_starved_task_gets_a_burst_then_strict_priority_returns() -> None:
     first = decide(10.0, [high, low])
     # A task that has not run in the window is below its share: it runs first.
     assert first.suspend == {1}
-    # The burst aims 10 % above the 0.2 floor.
-    assert first.wake_at == pytest.approx(10.22)
-    low = view(2, -100, min_share=0.2, run=0.22)
-    after = decide(10.22, [high, low], first.memory)
+    # The burst aims 20 % above the 0.2 floor.
+    assert first.wake_at == pytest.approx(10.24)
+    low = view(2, -100, min_share=0.2, run=0.24)
+    after = decide(10.24, [high, low], first.memory)
     assert after.suspend == {2}
-    # It ran 0.22 s in [10.0, 10.22]; its share drops to 0.2 once 0.02 s of that has left
-    # the window, at 11.02.
-    assert after.wake_at == pytest.approx(11.02)
-    again = decide(11.02, [high, low], after.memory)
+    # It ran 0.24 s in [10.0, 10.24]; its share drops to 0.2 once 0.04 s of that has left
+    # the window, at 11.04.
+    assert after.wake_at == pytest.approx(11.04)
+    again = decide(11.04, [high, low], after.memory)
     assert again.suspend == {1}
-    assert again.wake_at == pytest.approx(11.24)
+    assert again.wake_at == pytest.approx(11.28)
 
 
 def test_task_with_its_share_waits_under_strict_priority() -> None:

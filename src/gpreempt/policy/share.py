@@ -8,7 +8,7 @@ and its share over the last window is F or less, it gets a burst: for
 preempt it (the more important ones on its GPUs) are suspended. Then strict priority returns.
 
 With an always-active ``high`` task and an always-active ``low --min-share 0.2`` task on one
-GPU, the low task runs about 220 ms out of every second and the high task the rest.
+GPU, the low task runs about 240 ms out of every second and the high task the rest.
 
 The share is run time over wall-clock time: a task that was idle for most of the window has
 a small share, so it gets its burst as soon as it becomes active and is held back. Run time
@@ -35,7 +35,7 @@ WINDOW_S = 1.0
 MIN_BURST_S = 0.010
 #: Bursts aim this fraction above the guaranteed share, so that what suspending and resuming
 #: cost in practice (a resumed process is not at full speed at once) does not eat the floor.
-HEADROOM = 0.10
+HEADROOM = 0.20
 #: Samples kept per task at most (a safety bound; collinear samples are merged anyway).
 MAX_SAMPLES = 4096
 #: Tolerance for comparing shares and times computed from floating-point sums.
