@@ -53,8 +53,11 @@ def print_status(reply: dict[str, Any]) -> None:
         table = Table(title=f"GPU {gpu}", title_justify="left")
         for column in ("pid", "name", "priority", "state", "active", "mechanism"):
             table.add_column(column)
+        evictions = any(t.get("evicted_bytes") for t in tasks)
         for column in ("preemptions", "suspended s", "last suspend ms"):
             table.add_column(column, justify="right")
+        if evictions:
+            table.add_column("on host GiB", justify="right")
         for task in sorted(tasks, key=lambda t: -t["priority"]):
             if gpu not in task["gpus"]:
                 continue
@@ -62,6 +65,10 @@ def print_status(reply: dict[str, Any]) -> None:
             mechanism = task["mechanism"]
             if task["last_mechanism"] and task["last_mechanism"] != mechanism:
                 mechanism += f" ({task['last_mechanism']})"
+            extra = []
+            if evictions:
+                moved = task.get("evicted_bytes") or 0
+                extra.append(f"{moved / 2**30:.2f}" if task["state"] == "evicted" else "-")
             table.add_row(
                 str(task["pid"]),
                 escape(task["name"]),
@@ -72,5 +79,6 @@ def print_status(reply: dict[str, Any]) -> None:
                 str(task["preemptions"]),
                 f"{task['suspended_seconds']:.3f}",
                 "-" if last is None else f"{last:.3f}",
+                *extra,
             )
         console.print(table)
