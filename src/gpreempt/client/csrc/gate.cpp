@@ -215,6 +215,9 @@ std::atomic<bool> g_in_child{false};
 thread_local const uint32_t* tls_task_word = nullptr;
 thread_local bool tls_task_unbounded = false;
 std::atomic<const uint32_t*> g_default_task_word{nullptr};
+// Set once a scheduler binds a thread or a default word: until then the per-launch path reads
+// no thread-local state (a TLS access from a loaded extension is a function call).
+std::atomic<bool> g_task_gates{false};
 at::CallbackHandle g_handle = 0;
 bool g_atfork_registered = false;
 
@@ -497,15 +500,17 @@ inline void before_launch(GateState* g) {
   if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0)) {
     wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed));
   }
-  const uint32_t* task_word = tls_task_word;
-  if (task_word == nullptr) {
-    task_word = g_default_task_word.load(std::memory_order_relaxed);
-  }
-  if (C10_UNLIKELY(task_word != nullptr && __atomic_load_n(task_word, __ATOMIC_RELAXED) != 0)) {
-    wait_open(g, task_word);
-  }
-  if (C10_UNLIKELY(tls_task_unbounded)) {
-    return;
+  if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
+    const uint32_t* task_word = tls_task_word;
+    if (task_word == nullptr) {
+      task_word = g_default_task_word.load(std::memory_order_relaxed);
+    }
+    if (task_word != nullptr && __atomic_load_n(task_word, __ATOMIC_RELAXED) != 0) {
+      wait_open(g, task_word);
+    }
+    if (tls_task_unbounded) {
+      return;
+    }
   }
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
     mark_active(g);
@@ -813,10 +818,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
   m.def("bind_thread", [](uintptr_t word, bool unbounded) {
+    if (word != 0) {
+      g_task_gates.store(true);
+    }
     tls_task_word = reinterpret_cast<const uint32_t*>(word);
     tls_task_unbounded = word != 0 && unbounded;
   });
   m.def("set_default_task_word", [](uintptr_t word) {
+    if (word != 0) {
+      g_task_gates.store(true);
+    }
     g_default_task_word.store(reinterpret_cast<const uint32_t*>(word));
   });
 }
