@@ -47,6 +47,11 @@ def spawn(runtime_dir: Path, *args: str) -> subprocess.Popen:
     )
 
 
+def run_counter(runtime_dir: Path, script: Path, progress: Path, *options: str) -> subprocess.Popen:
+    """``gpreempt run OPTIONS -- python3 counter.py PROGRESS`` in the background."""
+    return spawn(runtime_dir, "run", *options, "--", "python3", str(script), str(progress))
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, process_state, spawn, wait_for
+from conftest import Counter, Daemon, gpreempt, process_state, run_counter, spawn, wait_for
 
 HIGH_REQUEST = """
 import gpreempt, sys, time
@@ -36,17 +36,8 @@ def test_low_task_stops_while_high_request_open(
     daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
     progress = tmp_path / "progress"
-    low = spawn(
-        runtime_dir,
-        "run",
-        "--priority",
-        "low",
-        "--name",
-        "trainer",
-        "--",
-        "python3",
-        str(counter_script),
-        str(progress),
+    low = run_counter(
+        runtime_dir, counter_script, progress, "--priority", "low", "--name", "trainer"
     )
     try:
         counter = Counter(progress)
@@ -116,18 +107,7 @@ def test_high_killed_inside_request_resumes_low(
     daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
     progress = tmp_path / "progress"
-    low = spawn(
-        runtime_dir,
-        "run",
-        "-p",
-        "low",
-        "--name",
-        "trainer",
-        "--",
-        "python3",
-        str(counter_script),
-        str(progress),
-    )
+    low = run_counter(runtime_dir, counter_script, progress, "-p", "low", "--name", "trainer")
     counter = Counter(progress)
     assert wait_for(lambda: counter.value() > 0)
     marker = tmp_path / "marker"
@@ -165,18 +145,7 @@ def test_daemon_sigkill_launcher_resumes_child(
 ) -> None:
     daemon = Daemon(runtime_dir)
     progress = tmp_path / "progress"
-    low = spawn(
-        runtime_dir,
-        "run",
-        "-p",
-        "low",
-        "--name",
-        "trainer",
-        "--",
-        "python3",
-        str(counter_script),
-        str(progress),
-    )
+    low = run_counter(runtime_dir, counter_script, progress, "-p", "low", "--name", "trainer")
     try:
         counter = Counter(progress)
         assert wait_for(lambda: counter.value() > 0)
@@ -251,9 +220,7 @@ def test_manual_suspend_resume_overrides_policy(
     daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
     progress = tmp_path / "progress"
-    job = spawn(
-        runtime_dir, "run", "--name", "job", "--", "python3", str(counter_script), str(progress)
-    )
+    job = run_counter(runtime_dir, counter_script, progress, "--name", "job")
     try:
         counter = Counter(progress)
         assert wait_for(lambda: counter.value() > 0)
@@ -309,28 +276,8 @@ def test_attached_task_ends_when_process_exits(daemon: Daemon, runtime_dir: Path
 def test_equal_priorities_never_suspend_each_other(
     daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
-    a = spawn(
-        runtime_dir,
-        "run",
-        "--always-active",
-        "--name",
-        "a",
-        "--",
-        "python3",
-        str(counter_script),
-        str(tmp_path / "a"),
-    )
-    b = spawn(
-        runtime_dir,
-        "run",
-        "--always-active",
-        "--name",
-        "b",
-        "--",
-        "python3",
-        str(counter_script),
-        str(tmp_path / "b"),
-    )
+    a = run_counter(runtime_dir, counter_script, tmp_path / "a", "--always-active", "--name", "a")
+    b = run_counter(runtime_dir, counter_script, tmp_path / "b", "--always-active", "--name", "b")
     try:
         assert wait_for(lambda: len(tasks(runtime_dir)) == 2)
         time.sleep(0.3)
@@ -358,17 +305,8 @@ def test_clients_carry_over_to_a_new_daemon(
     daemon = Daemon(runtime_dir)
     script = tmp_path / "periodic.py"
     script.write_text(PERIODIC_REQUESTS)
-    low = spawn(
-        runtime_dir,
-        "run",
-        "-p",
-        "low",
-        "--name",
-        "trainer",
-        "--",
-        "python3",
-        str(counter_script),
-        str(tmp_path / "progress"),
+    low = run_counter(
+        runtime_dir, counter_script, tmp_path / "progress", "-p", "low", "--name", "trainer"
     )
     high = spawn(runtime_dir, "run", "-p", "high", "--name", "server", "--", "python3", str(script))
     try:
