@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +101,40 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def task_view(task_id: int, priority: int = 0, *, run: float = 0.0, **fields: Any) -> Any:
+    """A policy's view of one task: on GPU 0 and active unless ``fields`` say otherwise."""
+    from gpreempt.policy import TaskView
+
+    return TaskView(
+        task_id=task_id,
+        priority=priority,
+        run_seconds=run,
+        **{"gpus": (0,), "active": True, **fields},
+    )
+
+
+@contextlib.contextmanager
+def toggling(control, closed_s: float, open_s: float) -> Iterator[None]:
+    """Close and open a control block's gate over and over from another thread; open at the end."""
+    stop = threading.Event()
+
+    def toggler() -> None:
+        while not stop.is_set():
+            control.set_gate(True)
+            time.sleep(closed_s)
+            control.set_gate(False)
+            time.sleep(open_s)
+
+    thread = threading.Thread(target=toggler)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        control.set_gate(False)
 
 
 @pytest.fixture

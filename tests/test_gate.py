@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from conftest import toggling
 
 torch = pytest.importorskip("torch")
 
@@ -169,23 +170,8 @@ def _train(seed: int, steps: int = 40) -> dict[str, torch.Tensor]:
 def test_gated_training_is_bit_identical(control, impl):
     reference = _train(seed=3)
     gate = _install(control, impl, record_every=4)
-    stop = threading.Event()
-
-    def toggler() -> None:
-        while not stop.is_set():
-            control.set_gate(True)
-            time.sleep(0.002)
-            control.set_gate(False)
-            time.sleep(0.003)
-
-    thread = threading.Thread(target=toggler)
-    thread.start()
-    try:
+    with toggling(control, closed_s=0.002, open_s=0.003):
         gated = _train(seed=3)
-    finally:
-        stop.set()
-        thread.join()
-        control.set_gate(False)
     assert gate.stats()["waits"] > 0, "the toggler never caught an operator: test proves nothing"
     assert reference.keys() == gated.keys()
     for name in reference:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import task_view as view
 
 from gpreempt.errors import UsageError
 from gpreempt.policy import POLICIES, Snapshot, TaskView, decide_hpf, get_policy
 from gpreempt.policy.simulate import SimTask, simulate
-
-
-def view(task_id: int, priority: int, *, gpus=(0,), active=True, held=False) -> TaskView:
-    return TaskView(task_id=task_id, priority=priority, gpus=gpus, active=active, held=held)
 
 
 def suspended(*tasks: TaskView) -> set[int]:

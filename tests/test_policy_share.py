@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import task_view as view
 
 from gpreempt.errors import UsageError
-from gpreempt.policy import Decision, Snapshot, TaskView, decide_hpf, decide_share, get_policy
+from gpreempt.policy import Decision, Snapshot, decide_hpf, decide_share, get_policy
 from gpreempt.policy.share import (
     HEADROOM,
     MIN_BURST_S,
@@ -19,20 +20,6 @@ from gpreempt.policy.share import (
     starves_at,
 )
 from gpreempt.policy.simulate import SimTask, simulate
-
-
-def view(
-    task_id: int, priority: int, *, gpus=(0,), active=True, held=False, min_share=None, run=0.0
-) -> TaskView:
-    return TaskView(
-        task_id=task_id,
-        priority=priority,
-        gpus=gpus,
-        active=active,
-        held=held,
-        min_share=min_share,
-        run_seconds=run,
-    )
 
 
 def decide(now: float, tasks, memory=None) -> Decision:

@@ -6,9 +6,10 @@ import math
 import random
 
 import pytest
+from conftest import task_view as view
 
 from gpreempt.errors import UsageError
-from gpreempt.policy import Decision, Snapshot, TaskView, decide_timeslice, get_policy
+from gpreempt.policy import Decision, Snapshot, decide_timeslice, get_policy
 from gpreempt.policy.simulate import SimTask, simulate
 from gpreempt.policy.timeslice import (
     HIGH_SLICE_MS,
@@ -19,19 +20,6 @@ from gpreempt.policy.timeslice import (
     default_slice_ms,
     slice_seconds,
 )
-
-
-def view(
-    task_id: int, priority: int = 0, *, gpus=(0,), active=True, held=False, timeslice_ms=None
-) -> TaskView:
-    return TaskView(
-        task_id=task_id,
-        priority=priority,
-        gpus=gpus,
-        active=active,
-        held=held,
-        timeslice_ms=timeslice_ms,
-    )
 
 
 def decide(now: float, tasks, memory=None) -> Decision:

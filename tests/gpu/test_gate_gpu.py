@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from conftest import toggling
 
 torch = pytest.importorskip("torch")
 
@@ -100,24 +101,9 @@ def test_graph_capture_and_replay_under_the_gate(control):
         for _ in range(20):
             static_out = static_out * 0.5 + 1.0
     assert gate.stats()["captures"] == 0
-    stop = threading.Event()
-
-    def toggler() -> None:
-        while not stop.is_set():
-            control.set_gate(True)
-            time.sleep(0.001)
-            control.set_gate(False)
-            time.sleep(0.001)
-
-    thread = threading.Thread(target=toggler)
-    thread.start()
-    try:
+    with toggling(control, closed_s=0.001, open_s=0.001):
         for _ in range(50):
             graph.replay()
-    finally:
-        stop.set()
-        thread.join()
-        control.set_gate(False)
     torch.cuda.synchronize()
     expected = torch.relu(static_in @ static_in)
     for _ in range(20):
@@ -154,23 +140,8 @@ def test_gated_gpu_training_is_bit_identical(control):
     gate = install_gate(
         control, bound=True, auto_activity=True, mode="tight", record_every=4, window_launches=4
     )
-    stop = threading.Event()
-
-    def toggler() -> None:
-        while not stop.is_set():
-            control.set_gate(True)
-            time.sleep(0.001)
-            control.set_gate(False)
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=toggler)
-    thread.start()
-    try:
+    with toggling(control, closed_s=0.001, open_s=0.002):
         gated = _train(5)
-    finally:
-        stop.set()
-        thread.join()
-        control.set_gate(False)
     assert gate.stats()["waits"] > 0
     for name, value in reference.items():
         assert torch.equal(value, gated[name]), name
