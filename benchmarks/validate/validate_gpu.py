@@ -153,6 +153,11 @@ def cli(rt: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess
     return result
 
 
+def gp_run(rt: Path, *options: str) -> list[str]:
+    """``gpreempt run --runtime-dir RT OPTIONS --``: put the command after it."""
+    return [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(rt), *options, "--"]
+
+
 def me(*args: str) -> list[str]:
     return [sys.executable, str(HERE), *args]
 
@@ -265,21 +270,7 @@ def check_lock_run(out: Path, steps: int) -> dict:
     try:
         progress, result = out / "p-run", out / "hash-run.txt"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpreempt",
-                "run",
-                "--runtime-dir",
-                str(rt),
-                "--priority",
-                "low",
-                "--mechanism",
-                "lock",
-                "--name",
-                "trainer",
-                "--",
-            ]
+            gp_run(rt, "--priority", "low", "--mechanism", "lock", "--name", "trainer")
             + me(
                 "train", "--steps", str(steps), "--progress", str(progress), "--result", str(result)
             ),
@@ -361,19 +352,7 @@ def check_memory(out: Path, steps: int, ballast: float, need: float) -> dict:
     try:
         progress, result = out / "p-mem", out / "hash-mem.txt"
         trainer = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpreempt",
-                "run",
-                "--runtime-dir",
-                str(rt),
-                "--priority",
-                "low",
-                "--name",
-                "trainer",
-                "--",
-            ]
+            gp_run(rt, "--priority", "low", "--name", "trainer")
             + me(
                 "train",
                 "--steps",
@@ -390,21 +369,9 @@ def check_memory(out: Path, steps: int, ballast: float, need: float) -> dict:
         wait_file(progress, lambda t: t.isdigit() and int(t) >= 10)
         hi_result = out / "need.json"
         high = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpreempt",
-                "run",
-                "--runtime-dir",
-                str(rt),
-                "--priority",
-                "high",
-                "--reserve-memory",
-                f"{need + 2}GiB",
-                "--name",
-                "server",
-                "--",
-            ]
+            gp_run(
+                rt, "--priority", "high", "--reserve-memory", f"{need + 2}GiB", "--name", "server"
+            )
             + me("need", "--gib", str(need), "--result", str(hi_result)),
             env=env_for(rt),
             capture_output=True,

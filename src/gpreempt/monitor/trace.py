@@ -76,11 +76,7 @@ class StreamStats:
         }
 
     def top_kernels(self, n: int = 10) -> list[dict[str, Any]]:
-        items = sorted(self.by_name.items(), key=lambda kv: -kv[1][1])[:n]
-        return [
-            {"name": k, "count": int(v[0]), "total_us": v[1], "mean_us": v[1] / v[0]}
-            for k, v in items
-        ]
+        return _top_kernels(self.by_name, n)
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {
@@ -96,6 +92,14 @@ class StreamStats:
             "gaps": self.gap_stats(),
             "top_kernels": self.top_kernels(top),
         }
+
+
+def _top_kernels(by_name: dict[str, list[float]], n: int) -> list[dict[str, Any]]:
+    """The ``n`` kernels with the most GPU time, from name -> [count, total microseconds]."""
+    items = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:n]
+    return [
+        {"name": k, "count": int(v[0]), "total_us": v[1], "mean_us": v[1] / v[0]} for k, v in items
+    ]
 
 
 @dataclass
@@ -117,11 +121,7 @@ class TraceSummary:
         return sum(s.busy_us for s in self.streams)
 
     def top_kernels(self, n: int = 10) -> list[dict[str, Any]]:
-        items = sorted(self.by_name.items(), key=lambda kv: -kv[1][1])[:n]
-        return [
-            {"name": k, "count": int(v[0]), "total_us": v[1], "mean_us": v[1] / v[0]}
-            for k, v in items
-        ]
+        return _top_kernels(self.by_name, n)
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {
