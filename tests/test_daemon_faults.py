@@ -13,7 +13,7 @@ import pytest
 from conftest import Daemon, gpreempt, wait_for
 
 from gpreempt.client.connection import DaemonClient
-from gpreempt.errors import NoSuchProcess, PermissionDenied, ProtocolError
+from gpreempt.errors import NoSuchProcess, NoSuchTask, PermissionDenied, ProtocolError
 from gpreempt.protocol import MAX_MESSAGE
 
 
@@ -186,5 +186,5 @@ def test_run_starts_a_daemon_when_none_answers(runtime_dir: Path) -> None:
 def test_protocol_error_types_survive_the_wire(daemon: Daemon, runtime_dir: Path) -> None:
     with DaemonClient.connect(runtime_dir) as client, pytest.raises(ProtocolError):
         client.request("nonsense")
-    with DaemonClient.connect(runtime_dir) as client:
-        assert PermissionDenied.__name__  # class exists for the refusal path above
+    with DaemonClient.connect(runtime_dir) as client, pytest.raises(NoSuchTask):
+        client.hold("nobody", True)

@@ -26,7 +26,6 @@ import gpreempt
 from .client.connection import DaemonClient
 from .config import (
     DAEMON_LOG_NAME,
-    ENV_PRIORITY,
     ENV_RUNTIME_DIR,
     ENV_TASK_ID,
     ensure_private_dir,
@@ -143,7 +142,6 @@ def child_environment(runtime_dir: Path, spec: TaskSpec) -> dict[str, str]:
     env = os.environ.copy()
     env[ENV_RUNTIME_DIR] = str(runtime_dir.resolve())
     env[ENV_TASK_ID] = "1"
-    env[ENV_PRIORITY] = str(spec.priority)
     parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return _env_with_package(env)

@@ -27,7 +27,6 @@ OPS = frozenset(
     {
         "register",  # a task: pid, name, priority, gpus, mechanism, always_active
         "channel",  # bind this connection to the caller's task, with control block fds
-        "unregister",  # the task ended (its launcher says so)
         "status",  # snapshot of every task
         "hold",  # manual suspend/resume of a task: target, hold
         "evict",  # manual memory eviction of a task: target

@@ -448,14 +448,6 @@ class Daemon:
                 return task
         return None
 
-    def _op_unregister(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.registry.find(str(message["target"]))
-        if task.owner != peer.conn_id:
-            self._check_owner(peer, task.uid, f"task {task.name!r}")
-        self._end_task(task, str(message.get("reason") or "unregistered"))
-        self.reconcile()
-        return {}
-
     def _op_status(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         now = time.monotonic()
         return {
