@@ -137,7 +137,7 @@ def _env_with_package(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def child_environment(runtime_dir: Path, spec: TaskSpec) -> dict[str, str]:
+def child_environment(runtime_dir: Path) -> dict[str, str]:
     """The command's environment: where the daemon is, and the in-process client on PYTHONPATH."""
     env = os.environ.copy()
     env[ENV_RUNTIME_DIR] = str(runtime_dir.resolve())
@@ -173,7 +173,7 @@ class Launcher:
             # that it never runs unseen by the daemon; the pid stays the same across exec.
             self.process = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
-                env=child_environment(self.runtime_dir, self.spec),
+                env=child_environment(self.runtime_dir),
                 preexec_fn=os.setpgrp,
                 pass_fds=(go_r,),
             )
