@@ -127,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a short run (about 5 minutes on one H100/H200): 500 requests, shorter warm-ups",
+        help="a short run: 500 requests, shorter warm-ups (made to finish within 8 minutes)",
     )
     parser.add_argument(
         "--no-nvml", action="store_true", help="do not sample GPU utilisation with NVML"

@@ -11,7 +11,7 @@ from ..errors import UsageError
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="show online inference preempting offline training (about 1-2 minutes)",
+        help="show online inference preempting offline training (a short run)",
         description=(
             "Case-A (online inference, high priority, Poisson requests at load 0.5) beside "
             "Case-B (offline training, low priority): Case-A alone, co-located without "
