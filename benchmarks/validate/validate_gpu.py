@@ -346,6 +346,32 @@ def check_lock_attach(out: Path, steps: int) -> dict:
         stop(daemon)
 
 
+def check_lock_run_cupy(out: Path) -> dict:
+    """The lock on a CUDA program that is not PyTorch, started with ``gpreempt run``."""
+    rt = out / "rt-run-cupy"
+    daemon = start_daemon(rt)
+    try:
+        progress = out / "p-run-cupy"
+        proc = subprocess.Popen(
+            gp_run(rt, "--priority", "low", "--mechanism", "lock", "--name", "cupy-run")
+            + me("cupy", "--progress", str(progress), "--seconds", "60"),
+            env=env_for(rt),
+        )
+        try:
+            wait_file(progress, lambda t: t.isdigit() and int(t) >= 3)
+            report = hammer(rt, "cupy-run", progress, 20, 0.02)
+            before = progress_of(progress)
+            time.sleep(0.5)
+            report["progress_after_release"] = progress_of(progress) - before
+        finally:
+            proc.send_signal(signal.SIGTERM)  # the launcher forwards it to the loop
+            report_exit = proc.wait(30)
+        report["launcher_exit_code"] = report_exit
+        return report
+    finally:
+        stop(daemon)
+
+
 def check_memory(out: Path, steps: int, ballast: float, need: float) -> dict:
     rt = out / "rt-mem"
     daemon = start_daemon(rt)
@@ -473,10 +499,14 @@ def run_all(args: argparse.Namespace) -> None:
         ),
         ("lock_run", lambda: check_lock_run(out, args.steps)),
         ("lock_attach", lambda: check_lock_attach(out, args.steps)),
+        ("lock_run_cupy", lambda: check_lock_run_cupy(out)),
         ("memory", lambda: check_memory(out, mem_steps, ballast, need)),
         ("rates", lambda: check_rates(out, [1.0, 4.0, 16.0])),
     ]
+    wanted = set(args.sections.split(",")) if args.sections else None
     for name, fn in sections:
+        if wanted is not None and name not in wanted:
+            continue
         start = time.time()
         try:
             results[name] = fn()
@@ -513,6 +543,15 @@ def summarize(r: dict) -> None:
         ("attach+lock cupy: moved while locked", f"{c.get('progress_moved_while_locked')}"),
         ("attach+lock cupy: iterations 0.5 s after release", c.get("progress_after_release")),
     ]
+    rc = r.get("lock_run_cupy", {})
+    rows += [
+        ("run+lock cupy: suspensions", rc.get("status_preemptions")),
+        (
+            "run+lock cupy: moved while locked (of checks)",
+            f"{rc.get('progress_moved_while_locked')}/{rc.get('stall_checks')}",
+        ),
+        ("run+lock cupy: iterations 0.5 s after release", rc.get("progress_after_release")),
+    ]
     m = r.get("memory", {})
     rows += [
         ("memory: high-priority exit code", m.get("high_exit_code")),
@@ -527,7 +566,7 @@ def summarize(r: dict) -> None:
         rows.append((f"{e['event']} {e['bytes'] / 2**30:.1f} GiB: GB/s", e["gb_per_s"]))
     for k, v in r.get("rates", {}).get("copy", {}).items():
         rows.append((f"copy {k}", round(v, 1)))
-    for name in ("lock_run", "lock_attach", "memory", "rates"):
+    for name in ("lock_run", "lock_attach", "lock_run_cupy", "memory", "rates"):
         if "error" in r.get(name, {}):
             rows.append((f"{name} ERROR", r[name]["error"][:200]))
     width = max(len(k) for k, _ in rows)
@@ -559,6 +598,11 @@ def main() -> None:
     p = sub.add_parser("all")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument(
+        "--sections",
+        help="comma-separated sections to run (undisturbed, lock_run, lock_attach, "
+        "lock_run_cupy, memory, rates; default: all)",
+    )
     p.set_defaults(fn=run_all)
     args = parser.parse_args()
     args.fn(args)

@@ -485,7 +485,8 @@ class _PythonImpl:
         self._bound_waits = 0
         self._bound_wait_ns = 0
         self._events_recorded = 0
-        self._fifo: deque[tuple[Any, int, int]] = deque()  # (event, begin, mark)
+        # (event, begin, mark, backlogged): see _retire_front
+        self._fifo: deque[tuple[Any, int, int, bool]] = deque()
         self._done: tuple[Any, int] | None = None
         self._ns_per_launch = 0.0
         self._window = config.window_launches
@@ -603,7 +604,8 @@ class _PythonImpl:
             begin = self._fifo[-1][2] if self._fifo else (self._done[1] if self._done else n)
             event = cuda.Event(enable_timing=True)
             event.record(stream)
-            self._fifo.append((event, begin, n))
+            backlogged = bool(self._fifo) and not self._fifo[-1][0].query()
+            self._fifo.append((event, begin, n, backlogged))
             self._events_recorded += 1
             self._reap()
             by_count = cfg.window_launches if self._tight else cfg.open_window_launches
@@ -625,8 +627,11 @@ class _PythonImpl:
                 self._bound_wait_ns += time.monotonic_ns() - waited_from
 
     def _retire_front(self) -> None:
-        event, _begin, mark = self._fifo.popleft()
-        if self._done is not None and mark > self._done[1]:
+        # Only a segment recorded while the previous event was still pending measures GPU
+        # time: in any other the stream ran dry (the gate was closed, the CPU was slow) and the
+        # time between the two events counts idle time too.
+        event, _begin, mark, backlogged = self._fifo.popleft()
+        if backlogged and self._done is not None and mark > self._done[1]:
             try:
                 per = self._done[0].elapsed_time(event) * 1e6 / (mark - self._done[1])
             except RuntimeError:  # events on different streams or devices

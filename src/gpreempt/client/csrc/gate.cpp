@@ -158,6 +158,11 @@ struct Pending {
   uint64_t begin;  // launch count when the previous event was recorded
   uint64_t mark;   // launch count when this one was
   c10::Stream stream;
+  // The previous event was still pending when this one was recorded: the GPU had work queued
+  // on the stream all through this segment, so the time between the two is GPU time. A segment
+  // during which the stream ran dry (the gate was closed, the CPU was slow) measures idle time
+  // too and teaches nothing about the cost of a launch.
+  bool backlogged;
 };
 
 struct KnownStream {
@@ -294,7 +299,7 @@ void give_event(GateState* g, void* ev, c10::DeviceIndex device) {
 void retire_front(GateState* g) {
   Pending p = g->fifo.front();
   g->fifo.pop_front();
-  if (g->have_done && g->done.stream == p.stream && p.mark > g->done.mark) {
+  if (p.backlogged && g->have_done && g->done.stream == p.stream && p.mark > g->done.mark) {
     double ms = -1.0;
     try {
       ms = elapsed_ms(g->impl, g->done.event, p.event, p.stream.device_index());
@@ -457,7 +462,9 @@ void segment(GateState* g, uint64_t n, bool force) {
     const uint64_t begin = g->fifo.empty() ? (g->have_done ? g->done.mark : n) : g->fifo.back().mark;
     void* ev = take_event(g, stream.device_index());
     g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
-    g->fifo.push_back(Pending{ev, begin, n, stream});
+    const bool backlogged = !g->fifo.empty() && g->fifo.back().stream == stream &&
+                            !g->impl->queryEvent(g->fifo.back().event);
+    g->fifo.push_back(Pending{ev, begin, n, stream, backlogged});
     g->events_recorded.fetch_add(1, std::memory_order_relaxed);
     reap(g);
 
