@@ -24,6 +24,9 @@ offset  type   meaning
 44      u32    gate_installed: 1 once an in-process gate watches launches (client)
 48      u32    hinted: 1 once the process used ``request()``; from then on its
                explicit requests alone say when it is active (client)
+52      u32    window_share_us: GPU time (us) the gate may keep in flight while
+               tight, this task's share of its GPU's budget; 0 = no limit from
+               the daemon (daemon)
 ======  =====  ==================================================================
 """
 
@@ -50,6 +53,7 @@ OFF_WAIT_NS = 32
 OFF_WINDOW = 40
 OFF_GATE_INSTALLED = 44
 OFF_HINTED = 48
+OFF_WINDOW_SHARE_US = 52
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,17 @@ class ControlBlock:
         """Close or open the gate (daemon)."""
         self._set32(OFF_GATE_CLOSED, 1 if closed else 0)
         self._set32(OFF_GENERATION, (self._get32(OFF_GENERATION) + 1) & 0xFFFFFFFF)
+
+    def set_window_share(self, ms: float | None) -> None:
+        """Bound the gate's tight window to ``ms`` of GPU time; None lifts the bound (daemon)."""
+        us = 0 if ms is None else max(1, min(0xFFFFFFFF, round(ms * 1000)))
+        self._set32(OFF_WINDOW_SHARE_US, us)
+
+    @property
+    def window_share_ms(self) -> float | None:
+        """The daemon's bound on the tight window, if any."""
+        us = self._get32(OFF_WINDOW_SHARE_US)
+        return us / 1000 if us else None
 
     def is_active(self) -> bool:
         """Whether the client says it wants the GPU (daemon).

@@ -6,11 +6,13 @@ import argparse
 import sys
 
 from ..config import resolve_runtime_dir
+from ..errors import UsageError
 from . import add_runtime_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..policy import POLICIES
+    from ..policy.inflight import DEFAULT_BUDGET_MS
 
     parser = subparsers.add_parser(
         "serve",
@@ -41,6 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how long a driver lock may wait for a task's queued work (default 5000)",
     )
     parser.add_argument(
+        "--inflight-budget-ms",
+        type=float,
+        default=DEFAULT_BUDGET_MS,
+        metavar="MS",
+        help="GPU work (ms) the gated tasks of one GPU may keep queued together while a more "
+        "important task is registered there, split equally among them: what that task waits "
+        f"for at most when it starts (default {DEFAULT_BUDGET_MS}; 0 = each gate's own window)",
+    )
+    parser.add_argument(
         "--shared",
         action="store_true",
         help="(root only) let every user's processes register; each still acts only on its own",
@@ -51,12 +62,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..daemon.server import Daemon
 
+    if args.inflight_budget_ms < 0:
+        raise UsageError(f"--inflight-budget-ms must be 0 or more, not {args.inflight_budget_ms:g}")
     daemon = Daemon(
         resolve_runtime_dir(args.runtime_dir),
         policy=args.policy,
         shared=args.shared,
         metrics_port=args.metrics_port,
         lock_timeout_ms=args.lock_timeout_ms,
+        inflight_budget_ms=args.inflight_budget_ms,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )
     daemon.start()

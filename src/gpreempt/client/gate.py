@@ -48,6 +48,7 @@ from ..control import (
     OFF_WAIT_NS,
     OFF_WAITS,
     OFF_WINDOW,
+    OFF_WINDOW_SHARE_US,
     ControlBlock,
 )
 from ..errors import UsageError
@@ -458,6 +459,7 @@ class _Control:
         self.wait_ns = ctypes.c_uint64.from_address(base + OFF_WAIT_NS)
         self.window = ctypes.c_uint32.from_address(base + OFF_WINDOW)
         self.installed = ctypes.c_uint32.from_address(base + OFF_GATE_INSTALLED)
+        self.window_share_us = ctypes.c_uint32.from_address(base + OFF_WINDOW_SHARE_US)
 
 
 class _PythonImpl:
@@ -610,6 +612,10 @@ class _PythonImpl:
             self._reap()
             by_count = cfg.window_launches if self._tight else cfg.open_window_launches
             window_ms = cfg.window_ms if self._tight else cfg.open_window_ms
+            share_us = self._ctl.window_share_us.value if self._tight else 0
+            if share_us:  # the daemon's share of this GPU's in-flight budget
+                share_ms = share_us / 1000
+                window_ms = min(window_ms, share_ms) if window_ms > 0 else share_ms
             window = by_count
             if window_ms > 0 and self._ns_per_launch > 0:
                 window = min(window, int(window_ms * 1e6 / self._ns_per_launch))

@@ -53,6 +53,8 @@ class Task:
     run_seconds: float = 0.0
     #: Activity as last observed by the daemon (events and policies use this one value).
     was_active: bool = False
+    #: GPU time (ms) its gate may keep in flight, as last written to its control blocks.
+    window_share_ms: float | None = None
 
     @property
     def active(self) -> bool:

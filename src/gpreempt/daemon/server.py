@@ -36,6 +36,7 @@ from ..errors import (
 from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
 from ..policy import Decision, Policy, Snapshot, get_policy
+from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
 from ..protocol import OPS, Connection, Message, error_reply
@@ -80,6 +81,7 @@ class Daemon:
         shared: bool = False,
         metrics_port: int | None = None,
         lock_timeout_ms: int | None = None,
+        inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
@@ -88,6 +90,7 @@ class Daemon:
         self.shared = shared
         self.metrics_port = metrics_port
         self.lock_timeout_ms = lock_timeout_ms
+        self.inflight_budget_ms = inflight_budget_ms
         self.log = log or (lambda message: None)
         self.registry = Registry()
         self.peers: dict[int, Peer] = {}
@@ -430,6 +433,7 @@ class Daemon:
         self.selector.register(control.doorbell, selectors.EVENT_READ, ("doorbell", peer))
         if task.suspended and task.suspended_with == "gate":
             control.set_gate(True)
+        control.set_window_share(task.window_share_ms)
         self.reconcile()
         return {
             "task_id": task.task_id,
@@ -533,7 +537,8 @@ class Daemon:
                     "active" if active else "idle",
                     **task.event_fields(),
                 )
-        decision: Decision = self.policy(self.snapshot(now), self.policy_memory)
+        snapshot = self.snapshot(now)
+        decision: Decision = self.policy(snapshot, self.policy_memory)
         self.policy_memory = decision.memory
         self.wake_at = decision.wake_at
         wanted = set(decision.suspend) | {t.task_id for t in self.registry.tasks.values() if t.held}
@@ -548,8 +553,19 @@ class Daemon:
         if changed:
             self._persist()
             self._publish_states()
+        self._share_inflight_budget(snapshot)
         if self.memory.needed():
             self.memory.enforce_reserves()
+
+    def _share_inflight_budget(self, snapshot: Snapshot) -> None:
+        """Tell each gate its share of its GPU's in-flight budget (changes only)."""
+        shares = inflight_shares(snapshot, self.inflight_budget_ms)
+        for task in self.registry.tasks.values():
+            share = shares.get(task.task_id)
+            if share != task.window_share_ms:
+                task.window_share_ms = share
+                for control in task.controls.values():
+                    control.set_window_share(share)
 
     def _suspend(self, task: Task) -> bool:
         mechanism = self.mechanisms.get(task.mechanism)

@@ -67,6 +67,7 @@ constexpr size_t kOffWaits = 24;
 constexpr size_t kOffWaitNs = 32;
 constexpr size_t kOffWindow = 40;
 constexpr size_t kOffInstalled = 44;
+constexpr size_t kOffWindowShareUs = 52;
 
 enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
 
@@ -469,7 +470,13 @@ void segment(GateState* g, uint64_t n, bool force) {
     reap(g);
 
     const uint64_t by_count = tight ? g->cfg.tight_launches : g->cfg.open_launches;
-    const double window_ms = tight ? g->cfg.tight_window_ms : g->cfg.open_window_ms;
+    double window_ms = tight ? g->cfg.tight_window_ms : g->cfg.open_window_ms;
+    const uint32_t share_us = load32(g->ctl, kOffWindowShareUs);
+    if (tight && share_us != 0) {
+      // the daemon's share of this GPU's in-flight budget: other tasks drain before us too
+      const double share_ms = share_us / 1000.0;
+      window_ms = window_ms > 0.0 ? std::min(window_ms, share_ms) : share_ms;
+    }
     uint64_t window = by_count;
     if (window_ms > 0.0 && g->ns_per_launch > 0.0) {
       const double by_time = window_ms * 1e6 / g->ns_per_launch;

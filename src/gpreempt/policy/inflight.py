@@ -1,0 +1,34 @@
+"""How much GPU work each less important task may keep in flight.
+
+When a more important task starts, it waits for whatever the less important tasks on its GPU
+have already queued: the drain. Each gated task bounds its own queue, so the drain grows with
+the number of them. The daemon therefore gives every GPU one in-flight budget and splits it
+equally among the tasks there that someone more important could preempt; each task's gate
+bounds its tight window by its share.
+"""
+
+from __future__ import annotations
+
+from .snapshot import Snapshot
+
+#: GPU time (ms) that the preemptible tasks of one GPU keep in flight together, by default.
+DEFAULT_BUDGET_MS = 0.75
+
+
+def inflight_shares(snapshot: Snapshot, budget_ms: float = DEFAULT_BUDGET_MS) -> dict[int, float]:
+    """Task id -> the GPU time (ms) it may keep in flight, for every task that shares a GPU
+    with a more important task; tasks not in the answer have no limit from the daemon.
+
+    Held tasks launch nothing and take no share. A task on several GPUs gets the smallest of
+    its shares.
+    """
+    if budget_ms <= 0:
+        return {}
+    shares: dict[int, float] = {}
+    for tasks in snapshot.by_gpu().values():
+        top = max(t.priority for t in tasks)
+        lower = [t for t in tasks if t.priority < top and not t.held]
+        for task in lower:
+            share = budget_ms / len(lower)
+            shares[task.task_id] = min(share, shares.get(task.task_id, share))
+    return shares
