@@ -105,6 +105,8 @@ class Daemon:
         self.metrics: Any = None
         #: Set when something changed outside reconcile (a restore): reconcile soon.
         self.dirty = False
+        #: What the state file holds now (None: not written yet).
+        self._persisted: list[persist.SuspendedRecord] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -636,20 +638,25 @@ class Daemon:
         return True
 
     def _persist(self) -> None:
-        persist.save(
-            self.state_path,
-            [
-                persist.SuspendedRecord(
-                    pid=t.pid,
-                    pgid=t.pgid,
-                    start_time=t.start_time,
-                    mechanism="evict" if t.evicted else (t.suspended_with or "signal"),
-                    name=t.name,
-                )
-                for t in self.registry.tasks.values()
-                if t.suspended or t.evicted
-            ],
-        )
+        """Record what a successor must resume if this daemon dies, when that changes.
+
+        Gate-suspended tasks are left out: their client reopens its own gate when the daemon
+        goes away. So the many short gate preemptions cost no write here.
+        """
+        records = [
+            persist.SuspendedRecord(
+                pid=t.pid,
+                pgid=t.pgid,
+                start_time=t.start_time,
+                mechanism="evict" if t.evicted else (t.suspended_with or "signal"),
+                name=t.name,
+            )
+            for t in self.registry.tasks.values()
+            if t.evicted or (t.suspended and t.suspended_with != "gate")
+        ]
+        if records != self._persisted:
+            persist.save(self.state_path, records)
+            self._persisted = records
 
     def _publish_states(self) -> None:
         if self.metrics is None:
