@@ -6,7 +6,7 @@
    hand; it must stop progressing while suspended and end with weights bit-identical to an
    undisturbed run with the same seed (a second undisturbed run is the determinism control).
 2. lock under `gpreempt attach`: the same for an already running PyTorch process and for a
-   CuPy loop (a CUDA program that is not PyTorch).
+   CuPy loop (a CUDA program that is not PyTorch); and the CuPy loop under `gpreempt run`.
 3. memory: a high-priority process with --reserve-memory needs more GPU memory than is
    free beside a training run; the daemon evicts the training run, the high-priority process
    allocates and finishes, the training run is restored and ends bit-identical.
@@ -519,49 +519,58 @@ def run_all(args: argparse.Namespace) -> None:
 
 
 def summarize(r: dict) -> None:
+    """Print one line per check of the sections that ran."""
     u = r.get("undisturbed", {})
     ref = u.get("hash_a")
-    rows = [
-        ("determinism control (two undisturbed runs equal)", u.get("hash_a") == u.get("hash_b"))
-    ]
-    lr = r.get("lock_run", {})
-    rows += [
-        ("run+lock: suspensions", lr.get("status_preemptions")),
-        (
-            "run+lock: progress moved while locked (of checks)",
-            f"{lr.get('progress_moved_while_locked')}/{lr.get('stall_checks')}",
-        ),
-        ("run+lock: suspend call p50 ms", lr.get("suspend_call_ms_p50")),
-        ("run+lock: weights bit-identical", lr.get("hash") == ref),
-    ]
-    la = r.get("lock_attach", {})
-    t, c = la.get("torch", {}), la.get("cupy", {})
-    rows += [
-        ("attach+lock torch: suspensions", t.get("status_preemptions")),
-        ("attach+lock torch: moved while locked", f"{t.get('progress_moved_while_locked')}"),
-        ("attach+lock torch: weights bit-identical", t.get("hash") == ref),
-        ("attach+lock cupy: moved while locked", f"{c.get('progress_moved_while_locked')}"),
-        ("attach+lock cupy: iterations 0.5 s after release", c.get("progress_after_release")),
-    ]
-    rc = r.get("lock_run_cupy", {})
-    rows += [
-        ("run+lock cupy: suspensions", rc.get("status_preemptions")),
-        (
-            "run+lock cupy: moved while locked (of checks)",
-            f"{rc.get('progress_moved_while_locked')}/{rc.get('stall_checks')}",
-        ),
-        ("run+lock cupy: iterations 0.5 s after release", rc.get("progress_after_release")),
-    ]
-    m = r.get("memory", {})
-    rows += [
-        ("memory: high-priority exit code", m.get("high_exit_code")),
-        (
-            "memory: evictions/restores",
-            f"{sum(e['event'] == 'evict' for e in m.get('events', []))}"
-            f"/{sum(e['event'] == 'restore' for e in m.get('events', []))}",
-        ),
-        ("memory: trainer weights bit-identical", m.get("hash") == u.get("hash_ballast")),
-    ]
+    rows: list[tuple[str, object]] = []
+    if "undisturbed" in r:
+        rows.append(("determinism control (two undisturbed runs equal)", ref == u.get("hash_b")))
+    if "lock_run" in r:
+        lr = r["lock_run"]
+        rows += [
+            ("run+lock: suspensions", lr.get("status_preemptions")),
+            (
+                "run+lock: progress moved while locked (of checks)",
+                f"{lr.get('progress_moved_while_locked')}/{lr.get('stall_checks')}",
+            ),
+            ("run+lock: suspend call p50 ms", lr.get("suspend_call_ms_p50")),
+            ("run+lock: weights bit-identical", ref is not None and lr.get("hash") == ref),
+        ]
+    if "lock_attach" in r:
+        t, c = r["lock_attach"].get("torch", {}), r["lock_attach"].get("cupy", {})
+        rows += [
+            ("attach+lock torch: suspensions", t.get("status_preemptions")),
+            ("attach+lock torch: moved while locked", f"{t.get('progress_moved_while_locked')}"),
+            ("attach+lock torch: weights bit-identical", ref is not None and t.get("hash") == ref),
+            ("attach+lock cupy: moved while locked", f"{c.get('progress_moved_while_locked')}"),
+            ("attach+lock cupy: iterations 0.5 s after release", c.get("progress_after_release")),
+        ]
+    if "lock_run_cupy" in r:
+        rc = r["lock_run_cupy"]
+        rows += [
+            ("run+lock cupy: suspensions", rc.get("status_preemptions")),
+            (
+                "run+lock cupy: moved while locked (of checks)",
+                f"{rc.get('progress_moved_while_locked')}/{rc.get('stall_checks')}",
+            ),
+            ("run+lock cupy: iterations 0.5 s after release", rc.get("progress_after_release")),
+        ]
+    if "memory" in r:
+        m = r["memory"]
+        events = m.get("events", [])
+        ballast = u.get("hash_ballast")
+        rows += [
+            ("memory: high-priority exit code", m.get("high_exit_code")),
+            (
+                "memory: evictions/restores",
+                f"{sum(e['event'] == 'evict' for e in events)}"
+                f"/{sum(e['event'] == 'restore' for e in events)}",
+            ),
+            (
+                "memory: trainer weights bit-identical",
+                ballast is not None and m.get("hash") == ballast,
+            ),
+        ]
     for e in r.get("rates", {}).get("evict", []):
         rows.append((f"{e['event']} {e['bytes'] / 2**30:.1f} GiB: GB/s", e["gb_per_s"]))
     for k, v in r.get("rates", {}).get("copy", {}).items():
@@ -569,7 +578,7 @@ def summarize(r: dict) -> None:
     for name in ("lock_run", "lock_attach", "lock_run_cupy", "memory", "rates"):
         if "error" in r.get(name, {}):
             rows.append((f"{name} ERROR", r[name]["error"][:200]))
-    width = max(len(k) for k, _ in rows)
+    width = max((len(k) for k, _ in rows), default=0)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
 
