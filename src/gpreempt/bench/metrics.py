@@ -13,6 +13,8 @@
 - memory scenarios: ``a_oom`` (Case-A did not get its growth), ``a_growth_request_ms`` (the
   latency of the request that grew), the daemon's ``evict``/``restore`` events (count, bytes,
   seconds, GB/s) and whether Case-B survived (exit code 0 and steps after its restore).
+  No ``a_p99_ratio``: their Case-A serves eagerly (see ``workloads``), the reference replays a
+  CUDA graph.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def scenario_metrics(
         row["preempt_latency_ms"] = None
     if raw.name in MEMORY_SCENARIOS:
         row.update(memory_metrics(raw))
+        row["a_p99_ratio"] = None  # an eager Case-A against the graph-replayed reference
     row["gpu_util"] = raw.gpu
     return row
 

@@ -23,7 +23,8 @@ Command line (the harness builds these; see :mod:`gpreempt.bench.loops` for the 
 
 Memory pressure: ``train --ballast-bytes N`` holds N bytes of device memory beside the model;
 ``serve --grow-bytes N --grow-at-s T`` grows Case-A's working set by N bytes inside the first
-request due T seconds into the window (see :class:`gpreempt.bench.loops.Growth`). Device memory
+request due T seconds into the window (see :class:`gpreempt.bench.loops.Growth`); such a server
+runs eagerly, without its CUDA graph. Device memory
 is torch's (:class:`TorchMemory`) unless ``--memory-fn MODULE:FACTORY`` names an object with
 ``free_bytes()``, ``allocate(nbytes)`` (MemoryError when out of memory) and ``release(blocks)``.
 """
@@ -173,7 +174,11 @@ def _memory_from(args: argparse.Namespace) -> loops.DeviceMemory:
 def _server_from(args: argparse.Namespace) -> Callable[[], Any]:
     if args.fn:
         return loops.load_callable(args.fn)()
-    return resnet50_server(batch=args.batch, device=args.device)
+    # A server that may run out of memory serves eagerly: after an out-of-memory error in the
+    # process, the next replay of a captured CUDA graph faulted with an illegal address
+    # (PyTorch 2.11 on an H200), with or without emptying the cache.
+    graph = not getattr(args, "grow_bytes", 0)
+    return resnet50_server(batch=args.batch, device=args.device, graph=graph)
 
 
 def _trainer_from(fn: str | None, args: argparse.Namespace) -> Callable[[], Any]:
