@@ -7,6 +7,8 @@
    undisturbed run with the same seed (a second undisturbed run is the determinism control).
 2. lock under `gpreempt attach`: the same for an already running PyTorch process and for a
    CuPy loop (a CUDA program that is not PyTorch); and the CuPy loop under `gpreempt run`.
+   Mechanism auto on a PyTorch process whose kernels CuPy launches (its gate cannot see them):
+   the driver lock behind the gate stops them, and without it (--backstop-ms 0) they run on.
 3. memory: a high-priority process with --reserve-memory needs more GPU memory than is
    free beside a training run; the daemon evicts the training run, the high-priority process
    allocates and finishes, the training run is restored and ends bit-identical.
@@ -90,6 +92,15 @@ def cupy_loop(args: argparse.Namespace) -> None:
         cp.cuda.runtime.deviceSynchronize()
         i += 1
         write_progress(progress, str(i))
+
+
+def mixed_loop(args: argparse.Namespace) -> None:
+    """PyTorch loaded (so `gpreempt run` installs its gate) but the GPU work launched by CuPy,
+    which the gate cannot see."""
+    import torch
+
+    torch.zeros(1, device="cuda")
+    cupy_loop(args)
 
 
 def hold_memory(args: argparse.Namespace) -> None:
@@ -182,11 +193,11 @@ def progress_of(path: Path) -> int:
         return 0
 
 
-def start_daemon(rt: Path) -> subprocess.Popen:
+def start_daemon(rt: Path, *options: str) -> subprocess.Popen:
     rt.mkdir(parents=True, exist_ok=True)
     os.chmod(rt, 0o700)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(rt)],
+        [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(rt), *options],
         env=env_for(rt),
         stderr=open(rt / "serve.log", "w"),  # noqa: SIM115
     )
@@ -372,6 +383,57 @@ def check_lock_run_cupy(out: Path) -> dict:
         stop(daemon)
 
 
+def check_backstop(out: Path) -> dict:
+    """Mechanism auto on a process whose GPU work its gate cannot see (CuPy kernels in a
+    PyTorch process): with the backstop the driver lock stops it; without, it runs on."""
+    import gpreempt
+    from gpreempt.mechanisms.cuda_driver import CheckpointDriver
+
+    driver = CheckpointDriver.get()
+    report: dict = {}
+    for label, options in (("backstop", ()), ("gate_only", ("--backstop-ms", "0"))):
+        rt = out / f"rt-backstop-{label}"
+        daemon = start_daemon(rt, *options)
+        progress = out / f"p-mixed-{label}"
+        proc = subprocess.Popen(
+            gp_run(rt, "--priority", "low", "--mechanism", "auto", "--name", "mixed")
+            + me("mixed", "--progress", str(progress), "--seconds", "60"),
+            env=env_for(rt),
+        )
+        trials = []
+        try:
+            wait_file(progress, lambda t: t.isdigit() and int(t) >= 3)
+            for _ in range(5):
+                task = gpreempt.suspend("mixed", runtime_dir=rt)
+                time.sleep(0.15)  # the backstop locks after 50 ms by default
+                before = progress_of(progress)
+                time.sleep(0.3)
+                after = progress_of(progress)
+                status = next(t for t in gpreempt.status(rt)["tasks"] if t["name"] == "mixed")
+                trials.append(
+                    {
+                        "mechanism": status["last_mechanism"],
+                        "backstop_locked": status["backstop_locked"],
+                        "driver_state": driver.state(task["pid"]).name,
+                        "moved_while_suspended": after - before,
+                    }
+                )
+                gpreempt.resume("mixed", runtime_dir=rt)
+                time.sleep(0.2)
+            before = progress_of(progress)
+            time.sleep(0.5)
+            report[label] = {
+                "trials": trials,
+                "progress_after_release": progress_of(progress) - before,
+                "driver_state_after_release": driver.state(task["pid"]).name,
+            }
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            stop(daemon)
+    return report
+
+
 def check_memory(out: Path, steps: int, ballast: float, need: float) -> dict:
     rt = out / "rt-mem"
     daemon = start_daemon(rt)
@@ -500,6 +562,7 @@ def run_all(args: argparse.Namespace) -> None:
         ("lock_run", lambda: check_lock_run(out, args.steps)),
         ("lock_attach", lambda: check_lock_attach(out, args.steps)),
         ("lock_run_cupy", lambda: check_lock_run_cupy(out)),
+        ("backstop", lambda: check_backstop(out)),
         ("memory", lambda: check_memory(out, mem_steps, ballast, need)),
         ("rates", lambda: check_rates(out, [1.0, 4.0, 16.0])),
     ]
@@ -555,6 +618,15 @@ def summarize(r: dict) -> None:
             ),
             ("run+lock cupy: iterations 0.5 s after release", rc.get("progress_after_release")),
         ]
+    for label in ("backstop", "gate_only"):
+        b = r.get("backstop", {}).get(label)
+        if b:
+            moved = [t["moved_while_suspended"] for t in b["trials"]]
+            rows += [
+                (f"auto, {label}: iterations while suspended (5 holds)", moved),
+                (f"auto, {label}: driver locked", [t["backstop_locked"] for t in b["trials"]]),
+                (f"auto, {label}: iterations 0.5 s after release", b["progress_after_release"]),
+            ]
     if "memory" in r:
         m = r["memory"]
         events = m.get("events", [])
@@ -575,7 +647,7 @@ def summarize(r: dict) -> None:
         rows.append((f"{e['event']} {e['bytes'] / 2**30:.1f} GiB: GB/s", e["gb_per_s"]))
     for k, v in r.get("rates", {}).get("copy", {}).items():
         rows.append((f"copy {k}", round(v, 1)))
-    for name in ("lock_run", "lock_attach", "lock_run_cupy", "memory", "rates"):
+    for name in ("lock_run", "lock_attach", "lock_run_cupy", "backstop", "memory", "rates"):
         if "error" in r.get(name, {}):
             rows.append((f"{name} ERROR", r[name]["error"][:200]))
     width = max((len(k) for k, _ in rows), default=0)
@@ -596,6 +668,10 @@ def main() -> None:
     p.add_argument("--progress", required=True)
     p.add_argument("--seconds", type=float, default=60)
     p.set_defaults(fn=cupy_loop)
+    p = sub.add_parser("mixed")
+    p.add_argument("--progress", required=True)
+    p.add_argument("--seconds", type=float, default=60)
+    p.set_defaults(fn=mixed_loop)
     p = sub.add_parser("hold")
     p.add_argument("--gib", type=float, required=True)
     p.add_argument("--progress", required=True)
@@ -610,7 +686,7 @@ def main() -> None:
     p.add_argument(
         "--sections",
         help="comma-separated sections to run (undisturbed, lock_run, lock_attach, "
-        "lock_run_cupy, memory, rates; default: all)",
+        "lock_run_cupy, backstop, memory, rates; default: all)",
     )
     p.set_defaults(fn=run_all)
     args = parser.parse_args()

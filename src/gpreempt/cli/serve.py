@@ -11,6 +11,7 @@ from . import add_runtime_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..daemon.backstop import DEFAULT_DELAY_MS
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
 
@@ -47,9 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=DEFAULT_BUDGET_MS,
         metavar="MS",
-        help="GPU work (ms) the gated tasks of one GPU may keep queued together while a more "
-        "important task is registered there, split equally among them: what that task waits "
-        f"for at most when it starts (default {DEFAULT_BUDGET_MS}; 0 = each gate's own window)",
+        help="GPU work (ms, as the gates estimate it) that the gated tasks of one GPU may keep "
+        "queued together while a more important task is registered there, split equally among "
+        "them: smaller shortens that task's wait when it starts and costs the others "
+        f"throughput (default {DEFAULT_BUDGET_MS:g}; 0 = each gate's own window)",
+    )
+    parser.add_argument(
+        "--backstop-ms",
+        type=float,
+        default=DEFAULT_DELAY_MS,
+        metavar="MS",
+        help="with --mechanism auto, also lock a task in the NVIDIA driver once its gate has "
+        "held it this long, so that launches the gate cannot see stop too (custom extensions, "
+        f"torch.compile's kernels, other threads); default {DEFAULT_DELAY_MS:g}, 0 = never",
     )
     parser.add_argument(
         "--shared",
@@ -71,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         lock_timeout_ms=args.lock_timeout_ms,
         inflight_budget_ms=args.inflight_budget_ms,
+        backstop_ms=args.backstop_ms,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )
     daemon.start()

@@ -53,6 +53,8 @@ class Task:
     run_seconds: float = 0.0
     #: Activity as last observed by the daemon (events and policies use this one value).
     was_active: bool = False
+    #: Also locked in the driver, behind its closed gate (mechanism auto; see backstop.py).
+    backstop_locked: bool = False
     #: GPU time (ms) its gate may keep in flight, as last written to its control blocks.
     window_share_ms: float | None = None
 
@@ -129,6 +131,7 @@ class Task:
             "suspended_seconds": round(suspended_seconds, 6),
             "last_suspend_ms": self.last_suspend_ms,
             "last_mechanism": self.suspended_with,
+            "backstop_locked": self.backstop_locked,
             "uid": self.uid,
             "timeslice_ms": self.timeslice_ms,
             "min_share": self.min_share,

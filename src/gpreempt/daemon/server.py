@@ -41,6 +41,7 @@ from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
 from ..protocol import OPS, Connection, Message, error_reply
 from . import persist
+from .backstop import DEFAULT_DELAY_MS, Backstop
 from .events import EventLog
 from .registry import Registry, Task
 
@@ -82,6 +83,7 @@ class Daemon:
         metrics_port: int | None = None,
         lock_timeout_ms: int | None = None,
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
+        backstop_ms: float = DEFAULT_DELAY_MS,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
@@ -91,6 +93,7 @@ class Daemon:
         self.metrics_port = metrics_port
         self.lock_timeout_ms = lock_timeout_ms
         self.inflight_budget_ms = inflight_budget_ms
+        self.backstop_ms = backstop_ms
         self.log = log or (lambda message: None)
         self.registry = Registry()
         self.peers: dict[int, Peer] = {}
@@ -169,6 +172,7 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self.backstop = Backstop(self, self.backstop_ms, wake_fd=self._wake_w)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
 
@@ -231,6 +235,7 @@ class Daemon:
                     continue
             if task.suspended:
                 self._resume(task, reason="daemon stopping")
+        self.backstop.finish()
         self._persist()
         self.events.write("daemon-stop", pid=os.getpid())
         for peer in list(self.peers.values()):
@@ -319,6 +324,8 @@ class Daemon:
                 pass
         except BlockingIOError:
             pass
+        if self.backstop.collect():  # a backstop lock finished
+            self._persist()
 
     # ------------------------------------------------------------------ requests
     def _handle(self, peer: Peer, message: Message, fds: list[int]) -> Message:
@@ -542,7 +549,6 @@ class Daemon:
         snapshot = self.snapshot(now)
         decision: Decision = self.policy(snapshot, self.policy_memory)
         self.policy_memory = decision.memory
-        self.wake_at = decision.wake_at
         wanted = set(decision.suspend) | {t.task_id for t in self.registry.tasks.values() if t.held}
         changed = False
         # Suspend first: a more important task is waiting for these.
@@ -556,6 +562,9 @@ class Daemon:
             self._persist()
             self._publish_states()
         self._share_inflight_budget(snapshot)
+        self.backstop.apply(now)
+        due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]
+        self.wake_at = min(due) if due else None
         if self.memory.needed():
             self.memory.enforce_reserves()
 
@@ -608,6 +617,7 @@ class Daemon:
     def _resume(self, task: Task, reason: str) -> bool:
         used = task.suspended_with or "signal"
         start = time.perf_counter()
+        self.backstop.release(task)
         try:
             self.mechanisms.concrete[used].resume(task.target())
         except NoSuchProcess:
@@ -640,19 +650,21 @@ class Daemon:
     def _persist(self) -> None:
         """Record what a successor must resume if this daemon dies, when that changes.
 
-        Gate-suspended tasks are left out: their client reopens its own gate when the daemon
-        goes away. So the many short gate preemptions cost no write here.
+        Tasks held by their gate alone are left out: their client reopens its own gate when
+        the daemon goes away. So the many short gate preemptions cost no write here.
         """
         records = [
             persist.SuspendedRecord(
                 pid=t.pid,
                 pgid=t.pgid,
                 start_time=t.start_time,
-                mechanism="evict" if t.evicted else (t.suspended_with or "signal"),
+                mechanism="evict"
+                if t.evicted
+                else ("lock" if t.backstop_locked else (t.suspended_with or "signal")),
                 name=t.name,
             )
             for t in self.registry.tasks.values()
-            if t.evicted or (t.suspended and t.suspended_with != "gate")
+            if t.evicted or (t.suspended and (t.suspended_with != "gate" or t.backstop_locked))
         ]
         if records != self._persisted:
             persist.save(self.state_path, records)

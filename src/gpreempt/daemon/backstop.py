@@ -1,0 +1,181 @@
+"""The driver lock behind the gate, for tasks whose mechanism is ``auto``.
+
+A closed gate stops the launches that go through PyTorch's dispatcher. Work it cannot see goes
+on: kernels a thread launches without an operator (custom extensions, code that
+``torch.compile`` generated, threads of other languages). So once a task with mechanism
+``auto`` has been held by its gate for ``delay_ms``, the daemon also locks it in the driver,
+which stops every CUDA call of the process, and lifts that lock before the gate opens.
+
+The delay keeps the lock's cost off the many short preemptions the gate handles alone: a lock
+call waits for the work already queued (1.5 ms at P50 on an H200). The call runs on a helper
+thread, so the daemon keeps answering while it waits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GpreemptError
+from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
+
+if TYPE_CHECKING:
+    from .registry import Task
+
+#: How long a task stays held by its gate before the lock backs it up, by default.
+DEFAULT_DELAY_MS = 50.0
+#: How long one backstop lock may wait for the task's queued work.
+LOCK_TIMEOUT_MS = 1000
+
+
+class Backstop:
+    """Locks gate-held ``auto`` tasks after a delay; unlocks them before they resume."""
+
+    def __init__(
+        self,
+        daemon: Any,
+        delay_ms: float = DEFAULT_DELAY_MS,
+        driver: CheckpointDriver | None = None,
+        wake_fd: int | None = None,
+    ) -> None:
+        self.daemon = daemon
+        self.delay_s = delay_ms / 1e3
+        self._driver = driver
+        self._wake_fd = wake_fd
+        #: Task id -> "locking" while a helper thread locks it, "locked" once it holds.
+        self.state: dict[int, str] = {}
+        #: Tasks resumed while their lock was still being taken: unlock when it is.
+        self._cancelled: set[int] = set()
+        #: Tasks the driver could not lock during this suspension: not tried again until then.
+        self._failed: set[int] = set()
+        #: (task id, pid, call ms, error) of finished lock calls, from the helper threads.
+        self._done: queue.SimpleQueue[tuple[int, int, float, str | None]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.delay_s > 0 and (
+            self._driver is not None or not self.daemon.mechanisms.lock_unavailable
+        )
+
+    @property
+    def driver(self) -> CheckpointDriver:
+        return self._driver if self._driver is not None else CheckpointDriver.get()
+
+    def _eligible(self, task: Task) -> bool:
+        return (
+            task.mechanism == "auto"
+            and task.suspended
+            and task.suspended_with == "gate"
+            and task.suspended_since is not None
+            and task.task_id not in self.state
+            and task.task_id not in self._failed
+        )
+
+    def next_due(self) -> float | None:
+        """Daemon time (monotonic) at which a task next needs its lock, if any does."""
+        if not self.enabled:
+            return None
+        due = [
+            t.suspended_since + self.delay_s
+            for t in self.daemon.registry.tasks.values()
+            if self._eligible(t)
+        ]
+        return min(due) if due else None
+
+    def apply(self, now: float) -> None:
+        """Start locking every task held by its gate for the delay or longer."""
+        if not self.enabled:
+            return
+        for task in list(self.daemon.registry.tasks.values()):
+            if self._eligible(task) and now >= task.suspended_since + self.delay_s:
+                self.state[task.task_id] = "locking"
+                thread = threading.Thread(
+                    target=self._lock, args=(task.task_id, task.pid), daemon=True
+                )
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+                thread.start()
+
+    def _lock(self, task_id: int, pid: int) -> None:
+        start = time.perf_counter()
+        error = None
+        try:
+            if self.driver.state(pid) != ProcessState.LOCKED:
+                self.driver.lock(pid, LOCK_TIMEOUT_MS)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, the loop must hear of it
+            error = str(exc) if isinstance(exc, GpreemptError) else repr(exc)
+        self._done.put((task_id, pid, (time.perf_counter() - start) * 1e3, error))
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"\0")
+            except OSError:
+                pass  # the loop polls at least every liveness period anyway
+
+    def collect(self) -> bool:
+        """Take in finished lock calls; returns True if a task is now locked (persist it)."""
+        locked = False
+        while True:
+            try:
+                task_id, pid, latency_ms, error = self._done.get_nowait()
+            except queue.Empty:
+                return locked
+            task = self.daemon.registry.tasks.get(task_id)
+            cancelled = task_id in self._cancelled or task is None or not task.suspended
+            self._cancelled.discard(task_id)
+            self.state.pop(task_id, None)
+            if error is not None:
+                if task is not None:
+                    self._failed.add(task_id)
+                    self.daemon.events.write(
+                        "error",
+                        **task.event_fields(),
+                        mechanism="lock",
+                        reason=f"backstop lock failed: {error}",
+                    )
+            elif cancelled:  # resumed or gone while the lock was being taken
+                self._unlock(pid, task)
+            else:
+                self.state[task_id] = "locked"
+                task.backstop_locked = True
+                locked = True
+                self.daemon.events.write(
+                    "backstop",
+                    **task.event_fields(),
+                    mechanism="lock",
+                    latency_ms=latency_ms,
+                    reason=f"held by its gate for {self.delay_s * 1e3:g} ms",
+                )
+
+    def finish(self) -> None:
+        """Wait for the lock calls under way and lift the locks of tasks that resumed."""
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        self.collect()
+
+    def release(self, task: Task) -> None:
+        """Before ``task`` resumes: lift its lock, or have it lifted once it is taken."""
+        self._failed.discard(task.task_id)
+        state = self.state.get(task.task_id)
+        if state == "locking":
+            self._cancelled.add(task.task_id)
+        elif state == "locked":
+            self.state.pop(task.task_id, None)
+            task.backstop_locked = False
+            self._unlock(task.pid, task)
+
+    def _unlock(self, pid: int, task: Task | None) -> None:
+        try:
+            if self.driver.state(pid) == ProcessState.LOCKED:
+                self.driver.unlock(pid)
+        except GpreemptError as exc:
+            if task is not None:
+                self.daemon.events.write(
+                    "error",
+                    **task.event_fields(),
+                    mechanism="lock",
+                    reason=f"backstop unlock failed: {exc}",
+                )

@@ -1,0 +1,126 @@
+"""The driver lock behind the gate (mechanism auto), with a fake driver."""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import SimpleNamespace
+
+from gpreempt.daemon.backstop import Backstop
+from gpreempt.daemon.registry import Registry, Task
+from gpreempt.mechanisms.cuda_driver import CudaDriverError, ProcessState
+
+
+class FakeDriver:
+    def __init__(self, release: threading.Event | None = None, fail: bool = False) -> None:
+        self.states: dict[int, ProcessState] = {}
+        self.calls: list[tuple[str, int]] = []
+        self.release = release
+        self.fail = fail
+
+    def state(self, pid: int) -> ProcessState:
+        return self.states.get(pid, ProcessState.RUNNING)
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        if self.release is not None:
+            self.release.wait(5)
+        if self.fail:
+            raise CudaDriverError("cuCheckpointProcessLock", pid, 999)
+        self.calls.append(("lock", pid))
+        self.states[pid] = ProcessState.LOCKED
+
+    def unlock(self, pid: int) -> None:
+        self.calls.append(("unlock", pid))
+        self.states[pid] = ProcessState.RUNNING
+
+
+class FakeEvents:
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def write(self, event: str, **fields) -> None:
+        self.records.append({"event": event, **fields})
+
+
+def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
+    daemon = SimpleNamespace(
+        registry=Registry(),
+        events=FakeEvents(),
+        mechanisms=SimpleNamespace(lock_unavailable=None),
+    )
+    task = Task(
+        task_id=daemon.registry.new_id(),
+        pid=4242,
+        pgid=None,
+        start_time=0,
+        uid=os.getuid(),
+        name="trainer",
+        priority=-100,
+        gpus=(0,),
+        mechanism=mechanism,
+    )
+    daemon.registry.add(task)
+    task.suspended, task.suspended_with, task.suspended_since = True, "gate", 100.0
+    return daemon, task, Backstop(daemon, delay_ms, driver=driver)
+
+
+def test_locks_after_the_delay_and_unlocks_before_resuming() -> None:
+    driver = FakeDriver()
+    daemon, task, backstop = setup(driver)
+    assert backstop.next_due() == 100.05
+    backstop.apply(100.04)
+    backstop.finish()
+    assert driver.calls == [] and not task.backstop_locked
+    backstop.apply(100.05)
+    backstop.finish()
+    assert driver.calls == [("lock", 4242)] and task.backstop_locked
+    assert daemon.events.records[-1]["event"] == "backstop"
+    assert backstop.next_due() is None  # locked already
+    backstop.release(task)
+    assert driver.calls[-1] == ("unlock", 4242) and not task.backstop_locked
+
+
+def test_a_task_resumed_while_its_lock_is_taken_is_unlocked_when_it_is() -> None:
+    gate = threading.Event()
+    driver = FakeDriver(release=gate)
+    _daemon, task, backstop = setup(driver)
+    backstop.apply(200.0)
+    task.suspended = False
+    backstop.release(task)  # the lock call is still waiting
+    gate.set()
+    backstop.finish()
+    assert driver.calls == [("lock", 4242), ("unlock", 4242)]
+    assert not task.backstop_locked
+    assert driver.state(4242) == ProcessState.RUNNING
+
+
+def test_only_auto_tasks_held_by_their_gate_qualify() -> None:
+    for mechanism, used in (("gate", "gate"), ("auto", "signal"), ("auto", "lock")):
+        driver = FakeDriver()
+        _daemon, task, backstop = setup(driver, mechanism=mechanism)
+        task.suspended_with = used
+        assert backstop.next_due() is None
+        backstop.apply(1e9)
+        backstop.finish()
+        assert driver.calls == []
+
+
+def test_zero_delay_or_no_driver_turns_it_off() -> None:
+    _daemon, _task, backstop = setup(FakeDriver(), delay_ms=0)
+    assert backstop.next_due() is None
+    daemon, _task, _ = setup(FakeDriver())
+    daemon.mechanisms.lock_unavailable = "no libcuda"
+    assert Backstop(daemon, 50.0).next_due() is None
+
+
+def test_a_failed_lock_is_reported_and_not_retried_until_the_task_resumes() -> None:
+    driver = FakeDriver(fail=True)
+    daemon, task, backstop = setup(driver)
+    backstop.apply(200.0)
+    backstop.finish()
+    assert not task.backstop_locked
+    assert daemon.events.records[-1]["event"] == "error"
+    assert "backstop lock failed" in daemon.events.records[-1]["reason"]
+    assert backstop.next_due() is None
+    backstop.release(task)  # resumed: the next suspension may try again
+    assert backstop.next_due() == 100.05
