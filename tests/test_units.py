@@ -158,3 +158,20 @@ def test_status_table_shows_evicted_memory(capsys, monkeypatch) -> None:
     print_status({"daemon": daemon, "tasks": [task]})
     out = capsys.readouterr().out
     assert "on host GiB" in out and "32.00" in out and "evicted" in out
+
+
+def test_event_log_batch_writes_at_the_end_in_order(tmp_path) -> None:
+    from gpreempt.daemon.events import EventLog, parse_event
+
+    log = EventLog(tmp_path / "events.jsonl")
+    log.write("registered", task="a")
+    with log.batch():
+        log.write("active", task="b")
+        with log.batch():  # nested: still held by the outer batch
+            log.write("suspend", task="a")
+        assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 1
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    assert [parse_event(line)["event"] for line in lines] == ["registered", "active", "suspend"]
+    log.write("resume", task="a")  # after the batch: written at once again
+    assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 4
+    log.close()

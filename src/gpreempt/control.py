@@ -125,6 +125,11 @@ class ControlBlock:
             return True
         return self._get32(OFF_AUTO_ACTIVE) != 0 and self._get32(OFF_HINTED) == 0
 
+    @property
+    def gate_installed(self) -> bool:
+        """Whether an in-process gate watches this block (daemon)."""
+        return self._get32(OFF_GATE_INSTALLED) != 0
+
     def drain_doorbell(self) -> None:
         """Reset the doorbell after it rang (daemon)."""
         with contextlib.suppress(BlockingIOError):

@@ -1,13 +1,14 @@
 """The daemon's event log: one JSON object per line in ``<runtime_dir>/events.jsonl``.
 
 Each line has ``t`` (unix time), ``mono`` (monotonic time), ``gpu``, ``task``, ``task_id``,
-``pid``, ``event`` (registered, active, idle, suspend, resume, hold, release, evict, restore,
-exit, error), ``mechanism``, ``latency_ms`` (how long the mechanism's call took) and
+``pid``, ``event`` (registered, active, idle, suspend, resume, backstop, hold, release, evict,
+restore, exit, error), ``mechanism``, ``latency_ms`` (how long the mechanism's call took) and
 ``reason``. Readers (``gpreempt events``, the bench) parse it line by line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -22,6 +23,7 @@ EVENT_KINDS = frozenset(
         "idle",
         "suspend",
         "resume",
+        "backstop",
         "hold",
         "release",
         "evict",
@@ -35,12 +37,29 @@ EVENT_KINDS = frozenset(
 
 
 class EventLog:
-    """Appends events to the log file; each write is one line, flushed at once."""
+    """Appends events to the log file; each write is one line, flushed at once, except inside
+    :meth:`batch`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._file: IO[str] = os.fdopen(fd, "a", buffering=1)
+        self._held: list[dict[str, Any]] | None = None
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the records written inside and write them at the end, in order: the daemon
+        closes every gate a request needs closed before it spends time on the log."""
+        if self._held is not None:  # nested: the outer batch writes
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._file.write("".join(_line(r) for r in held))
 
     def write(
         self,
@@ -68,11 +87,18 @@ class EventLog:
             "reason": reason,
         }
         record.update(extra)
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self._held is not None:
+            self._held.append(record)
+        else:
+            self._file.write(_line(record))
         return record
 
     def close(self) -> None:
         self._file.close()
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"
 
 
 def parse_event(line: str) -> dict[str, Any] | None:

@@ -537,30 +537,33 @@ class Daemon:
     def reconcile(self) -> None:
         """Ask the policy, then suspend and resume whatever differs from its answer."""
         now = time.monotonic()
-        self._account(now)
-        for task in self.registry.tasks.values():
-            active = task.active
-            if active != task.was_active:
-                task.was_active = active
-                self.events.write(
-                    "active" if active else "idle",
-                    **task.event_fields(),
-                )
-        snapshot = self.snapshot(now)
-        decision: Decision = self.policy(snapshot, self.policy_memory)
-        self.policy_memory = decision.memory
-        wanted = set(decision.suspend) | {t.task_id for t in self.registry.tasks.values() if t.held}
-        changed = False
-        # Suspend first: a more important task is waiting for these.
-        for task in sorted(self.registry.tasks.values(), key=lambda t: t.priority):
-            if task.task_id in wanted and not task.suspended:
-                changed |= self._suspend(task)
-        for task in list(self.registry.tasks.values()):
-            if task.task_id not in wanted and task.suspended and not task.evicted:
-                changed |= self._resume(task, reason="policy")
-        if changed:
-            self._persist()
-            self._publish_states()
+        # Gates close before anything is written: the log waits, the waiting task does not.
+        with self.events.batch():
+            self._account(now)
+            for task in self.registry.tasks.values():
+                active = task.active
+                if active != task.was_active:
+                    task.was_active = active
+                    self.events.write(
+                        "active" if active else "idle",
+                        **task.event_fields(),
+                    )
+            snapshot = self.snapshot(now)
+            decision: Decision = self.policy(snapshot, self.policy_memory)
+            self.policy_memory = decision.memory
+            held = {t.task_id for t in self.registry.tasks.values() if t.held}
+            wanted = set(decision.suspend) | held
+            changed = False
+            # Suspend first: a more important task is waiting for these.
+            for task in sorted(self.registry.tasks.values(), key=lambda t: t.priority):
+                if task.task_id in wanted and not task.suspended:
+                    changed |= self._suspend(task)
+            for task in list(self.registry.tasks.values()):
+                if task.task_id not in wanted and task.suspended and not task.evicted:
+                    changed |= self._resume(task, reason="policy")
+            if changed:
+                self._persist()
+                self._publish_states()
         self._share_inflight_budget(snapshot)
         self.backstop.apply(now)
         due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]

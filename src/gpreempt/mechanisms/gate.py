@@ -19,7 +19,7 @@ class GateMechanism(Mechanism):
                 f"process {target.pid} has no gpreempt client: the gate needs a Python process "
                 "started with `gpreempt run` or calling gpreempt.attach()"
             )
-        if not target.control.stats().gate_installed:
+        if not target.control.gate_installed:
             raise MechanismUnavailable(
                 f"process {target.pid} has not installed the gate (PyTorch not imported yet, "
                 "or GPREEMPT_GATE=0)"
