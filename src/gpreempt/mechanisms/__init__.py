@@ -7,8 +7,9 @@ gate       the task's own launch gate stops submitting; bounded in-flight  PyTor
            work drains
 lock       driver checkpoint lock: no more CUDA calls, in-flight drained    NVIDIA, r570+
 signal     SIGSTOP/SIGCONT of the task's process group                      everything
-auto       gate where installed, else lock where the driver can, else      everything
-           signal; chosen at each suspension
+auto       gate where installed (the daemon adds the driver lock once the  everything
+           gate has held the task a while), else lock where the driver
+           can, else signal; chosen at each suspension
 =========  ==============================================================  ===============
 """
 
