@@ -105,10 +105,9 @@ def test_daemon_writes_shares_as_tasks_come_and_go(runtime_dir: Path, tmp_path: 
         daemon.stop()
 
 
-def test_serve_refuses_a_negative_budget(runtime_dir: Path) -> None:
-    proc = spawn(
-        runtime_dir, "serve", "--runtime-dir", str(runtime_dir), "--inflight-budget-ms", "-1"
-    )
+@pytest.mark.parametrize("flag", ["--inflight-budget-ms", "--backstop-ms"])
+def test_serve_refuses_negative_durations(runtime_dir: Path, flag: str) -> None:
+    proc = spawn(runtime_dir, "serve", "--runtime-dir", str(runtime_dir), flag, "-1")
     _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
-    assert "--inflight-budget-ms must be 0 or more" in err
+    assert f"{flag} must be 0 or more" in err

@@ -73,8 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..daemon.server import Daemon
 
-    if args.inflight_budget_ms < 0:
-        raise UsageError(f"--inflight-budget-ms must be 0 or more, not {args.inflight_budget_ms:g}")
+    for flag, value in (
+        ("--inflight-budget-ms", args.inflight_budget_ms),
+        ("--backstop-ms", args.backstop_ms),
+    ):
+        if value < 0:
+            raise UsageError(f"{flag} must be 0 or more, not {value:g}")
     daemon = Daemon(
         resolve_runtime_dir(args.runtime_dir),
         policy=args.policy,
