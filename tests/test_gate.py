@@ -261,6 +261,22 @@ def test_forked_child_is_not_gated(control, impl):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_a_share_from_the_daemon_keeps_the_window_tight(control, impl):
+    gate = _install(control, impl)
+    x = torch.zeros(4)
+
+    def run_ops() -> bool:
+        for _ in range(400):  # several open segments (one event per 128 launches)
+            x.add_(1)
+        return gate.stats()["tight"]
+
+    assert run_ops() is False  # never closed, nobody more important: the open window
+    control.set_window_share(0.25)
+    assert run_ops() is True
+    control.set_window_share(None)
+    assert run_ops() is False
+
+
 def test_drain_without_gpu_returns(control, impl):
     gate = _install(control, impl)
     torch.ones(2) + 1

@@ -25,8 +25,8 @@ offset  type   meaning
 48      u32    hinted: 1 once the process used ``request()``; from then on its
                explicit requests alone say when it is active (client)
 52      u32    window_share_us: GPU time (us) the gate may keep in flight while
-               tight, this task's share of its GPU's budget; 0 = no limit from
-               the daemon (daemon)
+               tight, this task's share of its GPU's budget; while it is set the
+               gate stays tight; 0 = no limit from the daemon (daemon)
 ======  =====  ==================================================================
 """
 

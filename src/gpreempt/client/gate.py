@@ -580,6 +580,8 @@ class _PythonImpl:
     def _is_tight(self, now: int) -> bool:
         if self._config.mode != "adaptive":
             return self._config.mode == "tight"
+        if self._ctl.window_share_us.value:  # someone more important is registered
+            return True
         return now - self._last_closed < self._config.tight_hold_ms * 1e6
 
     def _segment(self, n: int, force: bool) -> None:

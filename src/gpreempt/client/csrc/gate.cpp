@@ -273,8 +273,11 @@ bool is_tight(GateState* g, int64_t now) {
     case kOpen:
       return false;
     default:
-      return now - g->last_closed_ns.load(std::memory_order_relaxed) <
-             static_cast<int64_t>(g->cfg.hold_ms * 1e6);
+      // tight while the daemon gives this task a share (someone more important is registered
+      // on its GPU and may start any moment), and for a while after the gate last closed
+      return load32(g->ctl, kOffWindowShareUs) != 0 ||
+             now - g->last_closed_ns.load(std::memory_order_relaxed) <
+                 static_cast<int64_t>(g->cfg.hold_ms * 1e6);
   }
 }
 
