@@ -19,4 +19,4 @@ for spec in "$@"; do
   # shellcheck disable=SC2086
   run "$name" $vars
 done
-tar czf "$OUT/gf.tgz" -C /tmp gf --exclude='*.png'
+tar czf "$OUT/gf.tgz" --exclude='*.png' -C /tmp gf
