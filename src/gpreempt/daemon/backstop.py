@@ -45,8 +45,8 @@ class Backstop:
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
-        #: Task id -> "locking" while a helper thread locks it, "locked" once it holds.
-        self.state: dict[int, str] = {}
+        #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
+        self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
         self._cancelled: set[int] = set()
         #: Tasks the driver could not lock during this suspension: not tried again until then.
@@ -71,7 +71,8 @@ class Backstop:
             and task.suspended
             and task.suspended_with == "gate"
             and task.suspended_since is not None
-            and task.task_id not in self.state
+            and not task.backstop_locked
+            and task.task_id not in self._locking
             and task.task_id not in self._failed
         )
 
@@ -92,7 +93,7 @@ class Backstop:
             return
         for task in list(self.daemon.registry.tasks.values()):
             if self._eligible(task) and now >= task.suspended_since + self.delay_s:
-                self.state[task.task_id] = "locking"
+                self._locking.add(task.task_id)
                 thread = threading.Thread(
                     target=self._lock, args=(task.task_id, task.pid), daemon=True
                 )
@@ -125,7 +126,7 @@ class Backstop:
             task = self.daemon.registry.tasks.get(task_id)
             cancelled = task_id in self._cancelled or task is None or not task.suspended
             self._cancelled.discard(task_id)
-            self.state.pop(task_id, None)
+            self._locking.discard(task_id)
             if error is not None:
                 if task is not None:
                     self._failed.add(task_id)
@@ -138,7 +139,6 @@ class Backstop:
             elif cancelled:  # resumed or gone while the lock was being taken
                 self._unlock(pid, task)
             else:
-                self.state[task_id] = "locked"
                 task.backstop_locked = True
                 locked = True
                 self.daemon.events.write(
@@ -159,11 +159,9 @@ class Backstop:
     def release(self, task: Task) -> None:
         """Before ``task`` resumes: lift its lock, or have it lifted once it is taken."""
         self._failed.discard(task.task_id)
-        state = self.state.get(task.task_id)
-        if state == "locking":
+        if task.task_id in self._locking:
             self._cancelled.add(task.task_id)
-        elif state == "locked":
-            self.state.pop(task.task_id, None)
+        elif task.backstop_locked:
             task.backstop_locked = False
             self._unlock(task.pid, task)
 
