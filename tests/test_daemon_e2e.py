@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +21,19 @@ with gpreempt.request():
 open(sys.argv[1], "w").write("out")
 time.sleep(0.5)
 """
+
+
+def start_high_request(
+    runtime_dir: Path, tmp_path: Path, marker: Path, seconds: float
+) -> subprocess.Popen:
+    """`gpreempt run -p high` of a script that holds one request() for ``seconds``; it writes
+    "in" to ``marker`` inside the request and "out" after it."""
+    script = tmp_path / "high.py"
+    script.write_text(HIGH_REQUEST)
+    return spawn(
+        runtime_dir, "run", "-p", "high", "--name", "server", "--",
+        "python3", str(script), str(marker), str(seconds),
+    )  # fmt: skip
 
 
 def tasks(runtime_dir: Path) -> list[dict]:
@@ -44,21 +58,7 @@ def test_low_task_stops_while_high_request_open(
         assert wait_for(lambda: counter.value() > 0), "low task never ran"
         assert wait_for(lambda: task_named(runtime_dir, "trainer") is not None)
         marker = tmp_path / "marker"
-        script = tmp_path / "high.py"
-        script.write_text(HIGH_REQUEST)
-        high = spawn(
-            runtime_dir,
-            "run",
-            "--priority",
-            "high",
-            "--name",
-            "server",
-            "--",
-            "python3",
-            str(script),
-            str(marker),
-            "2.0",
-        )
+        high = start_high_request(runtime_dir, tmp_path, marker, 2.0)
         assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 10)
         time.sleep(0.2)  # let the suspension land
         status = task_named(runtime_dir, "trainer")
@@ -111,21 +111,7 @@ def test_high_killed_inside_request_resumes_low(
     counter = Counter(progress)
     assert wait_for(lambda: counter.value() > 0)
     marker = tmp_path / "marker"
-    script = tmp_path / "high.py"
-    script.write_text(HIGH_REQUEST)
-    high = spawn(
-        runtime_dir,
-        "run",
-        "-p",
-        "high",
-        "--name",
-        "server",
-        "--",
-        "python3",
-        str(script),
-        str(marker),
-        "60",
-    )
+    high = start_high_request(runtime_dir, tmp_path, marker, 60)
     try:
         assert wait_for(lambda: marker.exists(), 10)
         assert wait_for(lambda: task_named(runtime_dir, "trainer")["state"] == "suspended", 5)
@@ -169,7 +155,6 @@ def test_daemon_sigkill_launcher_resumes_child(
 def test_new_daemon_resumes_attached_process(
     runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
-    import subprocess
 
     progress = tmp_path / "progress"
     proc = subprocess.Popen(["python3", str(counter_script), str(progress)], start_new_session=True)
@@ -199,7 +184,6 @@ def test_new_daemon_resumes_attached_process(
 def test_sigterm_resumes_suspended_tasks(
     runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
-    import subprocess
 
     proc = subprocess.Popen(
         ["python3", str(counter_script), str(tmp_path / "p")], start_new_session=True
@@ -243,7 +227,6 @@ def test_manual_suspend_resume_overrides_policy(
 def test_python_api_suspend_resume(
     daemon: Daemon, runtime_dir: Path, counter_script: Path, tmp_path: Path
 ) -> None:
-    import subprocess
 
     import gpreempt as gp
 
@@ -265,7 +248,6 @@ def test_python_api_suspend_resume(
 
 
 def test_attached_task_ends_when_process_exits(daemon: Daemon, runtime_dir: Path) -> None:
-    import subprocess
 
     proc = subprocess.Popen(["sleep", "0.5"])
     assert gpreempt(runtime_dir, "attach", "--pid", str(proc.pid)).returncode == 0
