@@ -304,3 +304,52 @@ def test_env_forces_python_fallback(control, monkeypatch):
     monkeypatch.setenv("GPREEMPT_GATE_NATIVE", "0")
     gate = install_gate(control, bound=True, auto_activity=False)
     assert not gate.native
+
+
+def test_warm_without_a_gpu_is_harmless_and_can_be_turned_off(control, impl, monkeypatch):
+    gate = _install(control, impl)
+    torch.ones(2) + 1
+    gate.warm()  # CPU-only: nothing to queue, and no error
+    assert gate.config.warm_on_request
+    assert gate.stats()["error"] is None
+    monkeypatch.setenv("GPREEMPT_GATE_WARM", "0")
+    assert not resolve_config(bound=False, auto_activity=True).warm_on_request
+
+
+def test_a_request_warms_the_gate_once_as_it_begins(control, tmp_path):
+    import socket
+
+    from gpreempt.client.session import Session
+
+    class CountingGate:
+        warmed = 0
+
+        def warm(self) -> None:
+            self.warmed += 1
+
+    class FakeClient:  # the session's channel to a daemon that is not there
+        runtime_dir = tmp_path
+
+        def __init__(self, sock: socket.socket) -> None:
+            self.connection = type("Connection", (), {"sock": sock})()
+
+        def close(self) -> None:
+            self.connection.sock.close()
+
+    ours, theirs = socket.socketpair()
+    reply = {"task_id": 1, "name": "t", "priority": 100, "mechanism": "auto"}
+    session = Session(FakeClient(ours), control, reply)
+    session.gate = CountingGate()
+    session.enter_request()
+    session.enter_request()  # nested: the request is already under way
+    session.exit_request()
+    session.exit_request()
+    assert session.gate.warmed == 1
+    session.enter_request()
+    session.exit_request()
+    assert session.gate.warmed == 2
+    theirs.close()  # the session notices and opens its own gate before the block goes away
+    deadline = time.monotonic() + 5
+    while session.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not session.connected

@@ -1,11 +1,15 @@
-"""Small pure pieces: priorities, sizes, GPU lists, the wire format, the control block."""
+"""Small pieces: priorities, sizes, GPU lists, the wire format, the control block, its wake-up."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
+from gpreempt import futex
 from gpreempt.cli._task_options import parse_gpus, parse_size
 from gpreempt.control import ControlBlock
 from gpreempt.errors import NoSuchTask, PriorityError, ProtocolError, UsageError
@@ -175,3 +179,53 @@ def test_event_log_batch_writes_at_the_end_in_order(tmp_path) -> None:
     log.write("resume", task="a")  # after the batch: written at once again
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 4
     log.close()
+
+
+_FUTEX_WAITER = """
+import ctypes, mmap, platform, sys, time
+from gpreempt.futex import _SYS_FUTEX
+fd = int(sys.argv[1])
+block = mmap.mmap(fd, 64)
+address = ctypes.addressof(ctypes.c_char.from_buffer(block))
+libc = ctypes.CDLL(None, use_errno=True)
+class Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+timeout = Timespec(20, 0)
+print("waiting", flush=True)
+start = time.monotonic()
+libc.syscall(ctypes.c_long(_SYS_FUTEX[platform.machine()]), ctypes.c_void_p(address),
+             ctypes.c_int(0), ctypes.c_int(1), ctypes.byref(timeout), None, ctypes.c_int(0))
+print(f"{time.monotonic() - start:.3f}", flush=True)
+"""
+
+
+@pytest.mark.skipif(not futex.available(), reason="no futex system call known on this machine")
+def test_opening_a_gate_wakes_a_waiter_in_another_process() -> None:
+    block = ControlBlock.create()
+    block.set_gate(True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FUTEX_WAITER, str(block.memfd)],
+        pass_fds=(block.memfd,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)  # let it reach the wait
+        block.set_gate(False)
+        waited = float(child.stdout.readline())
+        assert waited < 5.0  # woken by the open, not by its 20 s timeout
+    finally:
+        child.kill()
+        child.wait()
+        block.close()
+
+
+def test_futex_wake_without_waiters_or_address_is_harmless() -> None:
+    block = ControlBlock.create()
+    try:
+        assert futex.wake(block.address) == 0
+        assert futex.wake(0) == 0
+    finally:
+        block.close()

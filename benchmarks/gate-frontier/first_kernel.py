@@ -1,6 +1,7 @@
 """How long a high-priority process's first kernel waits behind gated trainers.
 
     python3 benchmarks/gate-frontier/first_kernel.py --out OUT.json [--trainers 0,1,3]
+        [--prep-ms 0,1] [--cold] [--budgets 0.75]
 
 For each number of trainers (Case-B Transformer training, `gpreempt run --priority low
 --mechanism gate`), a high-priority prober (`gpreempt run --priority high`) times, many times
@@ -10,7 +11,12 @@ after a random idle pause, how long one tiny kernel takes from launch to complet
   tells the daemon at the first launch, and the kernel waits for the trainers' in-flight work
   (the preemption latency without a hint);
 * ``hint-P``: the prober enters ``gpreempt.request()``, spends P ms preparing on the CPU, then
-  launches (the hint closes the trainers' gates while it prepares).
+  launches (the hint closes the trainers' gates while it prepares, and queues a tiny command
+  so that the GPU switches to the prober's context meanwhile);
+* ``hint-P-cold`` (``--cold``): the same with that warm-up turned off (``GPREEMPT_GATE_WARM=0``).
+
+``--budgets`` repeats everything for each in-flight budget of the daemon
+(``serve --inflight-budget-ms``), restarting the daemon and the trainers for each.
 
 The wait is the round trip minus the median round trip with no trainer. Writes every sample
 and a summary to OUT.json and prints a table.
@@ -41,8 +47,8 @@ def _env(runtime: Path) -> dict[str, str]:
     return env
 
 
-def _gp(runtime: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "gpreempt", *args, "--runtime-dir", str(runtime)]
+def _gp(runtime: Path, command: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gpreempt", command, "--runtime-dir", str(runtime), *args]
 
 
 def _spin(seconds: float) -> None:
@@ -108,14 +114,30 @@ def _wait(path: Path, timeout: float) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    modes: list[float | None] = [None, *[float(p) for p in args.prep_ms.split(",")]]
+    leads = [float(p) for p in args.prep_ms.split(",")]
+    modes: list[tuple[float | None, bool]] = [(None, True)]
+    modes += [(p, True) for p in leads] + [(p, False) for p in leads if args.cold]
     counts = [int(n) for n in args.trainers.split(",")]
+    results: dict = {"trials": args.trials, "settings": []}
+    for budget in [float(b) for b in args.budgets.split(",")]:
+        _run_budget(args, budget, counts, modes, results)
+    _summarise(args, results)
+
+
+def _run_budget(
+    args: argparse.Namespace,
+    budget: float,
+    counts: list[int],
+    modes: list[tuple[float | None, bool]],
+    results: dict,
+) -> None:
+    """Every trainer count and mode under one daemon with in-flight budget ``budget`` ms."""
     work = Path(tempfile.mkdtemp(prefix="gp-probe-"))
     runtime = work / "rt"
     runtime.mkdir(mode=0o700)
     env = _env(runtime)
-    daemon = subprocess.Popen(_gp(runtime, "serve"), env=env, stderr=open(work / "serve.log", "w"))  # noqa: SIM115
-    results: dict = {"trials": args.trials, "settings": []}
+    serve = _gp(runtime, "serve", "--inflight-budget-ms", str(budget))
+    daemon = subprocess.Popen(serve, env=env, stderr=open(work / "serve.log", "w"))  # noqa: SIM115
     try:
         time.sleep(2)
         for count in counts:
@@ -129,19 +151,11 @@ def run(args: argparse.Namespace) -> None:
             try:
                 for _proc, ready in trainers:
                     _wait(ready, 180)
-                for prep in modes:
-                    result = work / f"probe-{count}-{prep}.json"
-                    cmd = _gp(runtime, "run") + ["--priority", "high", "--name", "prober", "--"]
-                    cmd += [sys.executable, str(HERE), "probe", "--trials", str(args.trials)]
-                    cmd += ["--result", str(result)]
-                    cmd += [] if prep is None else ["--prep-ms", str(prep)]
-                    subprocess.run(cmd, env=env, check=True, timeout=600)
-                    samples = json.loads(result.read_text())
-                    mode = "no-hint" if prep is None else f"hint-{prep:g}"
-                    results["settings"].append(
-                        {"trainers": count, "mode": mode, "samples_ms": samples}
-                    )
-                    print(f"trainers={count} {mode}: p50 {_percentile(samples, 0.5):.3f} ms")
+                for prep, warm in modes:
+                    setting = _probe(args, env, runtime, work, prep, warm)
+                    results["settings"].append({"budget_ms": budget, "trainers": count, **setting})
+                    p50 = _percentile(setting["samples_ms"], 0.5)
+                    print(f"budget={budget:g} trainers={count} {setting['mode']}: p50 {p50:.3f} ms")
             finally:
                 for proc, _ready in trainers:
                     proc.send_signal(signal.SIGTERM)
@@ -150,16 +164,41 @@ def run(args: argparse.Namespace) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
+
+
+def _probe(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    runtime: Path,
+    work: Path,
+    prep: float | None,
+    warm: bool,
+) -> dict:
+    """One prober run in one mode: its name and round trips."""
+    mode = "no-hint" if prep is None else f"hint-{prep:g}" + ("" if warm else "-cold")
+    result = work / f"probe-{mode}.json"
+    cmd = _gp(runtime, "run") + ["--priority", "high", "--name", "prober", "--"]
+    cmd += [sys.executable, str(HERE), "probe", "--trials", str(args.trials)]
+    cmd += ["--result", str(result)]
+    cmd += [] if prep is None else ["--prep-ms", str(prep)]
+    probe_env = env if warm else {**env, "GPREEMPT_GATE_WARM": "0"}
+    subprocess.run(cmd, env=probe_env, check=True, timeout=600)
+    return {"mode": mode, "samples_ms": json.loads(result.read_text())}
+
+
+def _summarise(args: argparse.Namespace, results: dict) -> None:
+    """Waits (round trip minus the median with no trainer, same budget and mode); a table."""
     alone = {
-        s["mode"]: _percentile(s["samples_ms"], 0.5)
+        (s["budget_ms"], s["mode"]): _percentile(s["samples_ms"], 0.5)
         for s in results["settings"]
         if s["trainers"] == 0
     }
     rows = []
     for s in results["settings"]:
-        base = alone.get(s["mode"], 0.0)
+        base = alone.get((s["budget_ms"], s["mode"]), 0.0)
         v = s["samples_ms"]
         row = {
+            "budget_ms": s["budget_ms"],
             "trainers": s["trainers"],
             "mode": s["mode"],
             "round_trip_p50_ms": _percentile(v, 0.5),
@@ -170,12 +209,13 @@ def run(args: argparse.Namespace) -> None:
         rows.append(row)
     results["summary"] = rows
     Path(args.out).write_text(json.dumps(results, indent=1))
-    header = ("trainers", "mode", "rt p50", "rt p99", "wait p50", "wait p99")
-    print("{:>8} {:>10} {:>8} {:>8} {:>9} {:>9}".format(*header))
+    header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait p50", "wait p99")
+    print("{:>6} {:>8} {:>12} {:>8} {:>8} {:>9} {:>9}".format(*header))
     for r in rows:
         print(
-            f"{r['trainers']:>8} {r['mode']:>10} {r['round_trip_p50_ms']:>8.3f} "
-            f"{r['round_trip_p99_ms']:>8.3f} {r['wait_p50_ms']:>9.3f} {r['wait_p99_ms']:>9.3f}"
+            f"{r['budget_ms']:>6g} {r['trainers']:>8} {r['mode']:>12} "
+            f"{r['round_trip_p50_ms']:>8.3f} {r['round_trip_p99_ms']:>8.3f} "
+            f"{r['wait_p50_ms']:>9.3f} {r['wait_p99_ms']:>9.3f}"
         )
 
 
@@ -195,6 +235,10 @@ def main() -> None:
     parser.add_argument("--trainers", default="0,1,3", help="trainer counts (default 0,1,3)")
     parser.add_argument("--prep-ms", default="0,0.5,1", help="CPU preparation after the hint")
     parser.add_argument("--trials", type=int, default=300)
+    parser.add_argument("--cold", action="store_true", help="also each hint without the warm-up")
+    parser.add_argument(
+        "--budgets", default="0.75", help="daemon in-flight budgets, ms per GPU (default 0.75)"
+    )
     parser.set_defaults(fn=run)
     args = parser.parse_args()
     args.fn(args)

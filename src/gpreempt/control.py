@@ -33,10 +33,13 @@ offset  type   meaning
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import struct
 from dataclasses import dataclass
+
+from . import futex
 
 SIZE = 64
 
@@ -76,6 +79,8 @@ class ControlBlock:
         self.memfd = memfd
         self.doorbell = doorbell
         self._map = mmap.mmap(memfd, SIZE)
+        # the mapping never moves while open; the temporary view is released at once
+        self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     @classmethod
     def create(cls) -> ControlBlock:
@@ -88,9 +93,7 @@ class ControlBlock:
     @property
     def address(self) -> int:
         """Address of the mapping in this process, for native code that reads it directly."""
-        import ctypes
-
-        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        return self._address
 
     def _get32(self, offset: int) -> int:
         return _U32.unpack_from(self._map, offset)[0]
@@ -100,9 +103,11 @@ class ControlBlock:
 
     # daemon side
     def set_gate(self, closed: bool) -> None:
-        """Close or open the gate (daemon)."""
+        """Close or open the gate (daemon); opening wakes the gate's waiting threads at once."""
         self._set32(OFF_GATE_CLOSED, 1 if closed else 0)
         self._set32(OFF_GENERATION, (self._get32(OFF_GENERATION) + 1) & 0xFFFFFFFF)
+        if not closed:
+            futex.wake(self._address + OFF_GATE_CLOSED)
 
     def set_window_share(self, ms: float | None) -> None:
         """Bound the gate's tight window to ``ms`` of GPU time; None lifts the bound (daemon)."""

@@ -65,7 +65,7 @@ class Session:
             self.connected = False
             try:
                 self.control.set_gate(False)
-            except ValueError:
+            except (ValueError, TypeError):
                 return  # the block was closed during interpreter shutdown
             self.client.close()
             while not self._reconnect():
@@ -92,6 +92,8 @@ class Session:
             self._requests += 1
             if self._requests == 1:
                 self.control.set_requests(1)
+                if self.gate is not None:
+                    self.gate.warm()  # the GPU switches to us while the request is prepared
 
     def exit_request(self) -> None:
         with self._lock:

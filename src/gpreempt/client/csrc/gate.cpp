@@ -4,7 +4,8 @@
 // Per operator (the fast path) it does one atomic add and two plain loads: the process's launch
 // counter, the control block's gate_closed word and the activity flag. No syscall, no lock.
 // Everything else happens on rare slow paths:
-//   * the gate is closed: wait (spin briefly, then sleep per poll) until the daemon opens it;
+//   * the gate is closed: wait (spin briefly, then sleep on the word, woken by the daemon or
+//     the next poll) until the daemon opens it;
 //   * every `segment` launches: record a CUDA event on the current stream, retire completed
 //     events (learning GPU time per launch from their timestamps), and if the work in flight
 //     exceeds the window, wait for the oldest event;
@@ -28,6 +29,10 @@
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -113,6 +118,20 @@ inline int64_t now_ns() {
 inline void sleep_ns(int64_t ns) {
   timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
   nanosleep(&ts, nullptr);
+}
+
+// Sleeps up to `ns` while the word still holds `seen`. The daemon wakes the word's waiters
+// (FUTEX_WAKE) right after it opens a gate, so a waiting task resumes at once rather than at
+// its next poll; words nobody wakes (the in-process scheduler's) are simply polled.
+inline void wait_word(const uint32_t* word, uint32_t seen, int64_t ns) {
+#if defined(__linux__) && defined(SYS_futex)
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);  // EAGAIN, EINTR: look again
+#else
+  (void)word;
+  (void)seen;
+  sleep_ns(ns);
+#endif
 }
 
 // Releases the GIL for a blocking wait if this thread holds it, and takes it back at the end of
@@ -202,6 +221,8 @@ struct GateState {
   Pending done{nullptr, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
   double ns_per_launch = 0.0;  // learned GPU time per launch, 0 = unknown
   std::vector<KnownStream> streams;
+  void* warm_event = nullptr;  // recorded by warm(); on the device of streams.front()
+  c10::DeviceIndex warm_device = -1;
   std::string error;
 
   std::mutex publish_mu;
@@ -387,7 +408,11 @@ void wait_open(GateState* g, const uint32_t* word) {
   store64(g->ctl, kOffWaits, g->waits.fetch_add(1) + 1);
   const int64_t poll = static_cast<int64_t>(g->cfg.poll_us * 1000.0);
   int64_t last_reap = start;
-  for (int spins = 0; __atomic_load_n(word, __ATOMIC_RELAXED) != 0;) {
+  for (int spins = 0;;) {
+    const uint32_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+    if (seen == 0) {
+      break;
+    }
     if (g->uninstalled.load(std::memory_order_relaxed)) {
       break;
     }
@@ -409,7 +434,7 @@ void wait_open(GateState* g, const uint32_t* word) {
         }
       }
     }
-    sleep_ns(poll);
+    wait_word(word, seen, poll);
   }
   const int64_t end = now_ns();
   g->last_closed_ns.store(end, std::memory_order_relaxed);
@@ -721,6 +746,7 @@ void uninstall() {
       for (auto& p : g->fifo) destroy(p.event, p.stream.device_index());
       for (auto& e : g->free_events) destroy(e.second, e.first);
       for (auto& k : g->streams) destroy(k.tail, k.stream.device_index());
+      destroy(g->warm_event, g->warm_device);
       if (g->have_done) destroy(g->done.event, g->done.stream.device_index());
     } catch (const std::exception&) {
       // the context may be gone at interpreter exit; nothing to give back then
@@ -729,6 +755,7 @@ void uninstall() {
   g->fifo.clear();
   g->free_events.clear();
   g->streams.clear();
+  g->warm_event = nullptr;
   g->have_done = false;
 }
 
@@ -738,6 +765,35 @@ GateState* current() {
     throw std::runtime_error("the launch gate is not installed");
   }
   return g;
+}
+
+// Puts one tiny command (an event record) into this process's GPU queue, so that the GPU
+// switches to this process's context now, while the request is still being prepared on the
+// CPU, and not when its first kernel arrives. Never blocks on the GPU.
+void warm() {
+  GateState* g = g_gate.load();
+  if (g == nullptr || g_in_child.load() || !device_usable(g)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g->mu);
+  if (g->streams.empty()) {
+    return;  // no launch yet: nothing tells which device the request will use
+  }
+  try {
+    const c10::Stream stream = g->streams.front().stream;
+    if (stream_capturing(g->impl, stream)) {
+      return;
+    }
+    if (g->warm_event != nullptr && g->warm_device != stream.device_index()) {
+      g->impl->destroyEvent(g->warm_event, g->warm_device);
+      g->warm_event = nullptr;
+    }
+    g->impl->record(&g->warm_event, stream, stream.device_index(),
+                    c10::EventFlag::PYTORCH_DEFAULT);
+    g->warm_device = stream.device_index();
+  } catch (const std::exception& e) {
+    note_error(g, "warm", e);
+  }
 }
 
 void drain() {
@@ -807,6 +863,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
   m.def("uninstall", &uninstall, py::call_guard<py::gil_scoped_release>());
   m.def("drain", &drain, py::call_guard<py::gil_scoped_release>());
+  m.def("warm", &warm, py::call_guard<py::gil_scoped_release>());
   m.def("stats", &stats);
   m.def("set_device_live", [](bool live) {
     GateState* g = g_gate.load();
