@@ -1,7 +1,7 @@
 """How long a high-priority process's first kernel waits behind gated trainers.
 
     python3 benchmarks/gate-frontier/first_kernel.py --out OUT.json [--trainers 0,1,3]
-        [--prep-ms 0,1] [--cold] [--budgets 0.75]
+        [--prep-ms 0,1] [--budgets 0.75]
 
 For each number of trainers (Case-B Transformer training, `gpreempt run --priority low
 --mechanism gate`), a high-priority prober (`gpreempt run --priority high`) times, many times
@@ -11,9 +11,7 @@ after a random idle pause, how long one tiny kernel takes from launch to complet
   tells the daemon at the first launch, and the kernel waits for the trainers' in-flight work
   (the preemption latency without a hint);
 * ``hint-P``: the prober enters ``gpreempt.request()``, spends P ms preparing on the CPU, then
-  launches (the hint closes the trainers' gates while it prepares, and queues a tiny command
-  so that the GPU switches to the prober's context meanwhile);
-* ``hint-P-cold`` (``--cold``): the same with that warm-up turned off (``GPREEMPT_GATE_WARM=0``).
+  launches (the hint closes the trainers' gates while it prepares).
 
 ``--budgets`` repeats everything for each in-flight budget of the daemon
 (``serve --inflight-budget-ms``), restarting the daemon and the trainers for each.
@@ -115,8 +113,7 @@ def _wait(path: Path, timeout: float) -> None:
 
 def run(args: argparse.Namespace) -> None:
     leads = [float(p) for p in args.prep_ms.split(",")]
-    modes: list[tuple[float | None, bool]] = [(None, True)]
-    modes += [(p, True) for p in leads] + [(p, False) for p in leads if args.cold]
+    modes: list[float | None] = [None, *leads]
     counts = [int(n) for n in args.trainers.split(",")]
     results: dict = {"trials": args.trials, "settings": []}
     for budget in [float(b) for b in args.budgets.split(",")]:
@@ -128,7 +125,7 @@ def _run_budget(
     args: argparse.Namespace,
     budget: float,
     counts: list[int],
-    modes: list[tuple[float | None, bool]],
+    modes: list[float | None],
     results: dict,
 ) -> None:
     """Every trainer count and mode under one daemon with in-flight budget ``budget`` ms."""
@@ -151,8 +148,8 @@ def _run_budget(
             try:
                 for _proc, ready in trainers:
                     _wait(ready, 180)
-                for prep, warm in modes:
-                    setting = _probe(args, env, runtime, work, prep, warm)
+                for prep in modes:
+                    setting = _probe(args, env, runtime, work, prep)
                     results["settings"].append({"budget_ms": budget, "trainers": count, **setting})
                     p50 = _percentile(setting["samples_ms"], 0.5)
                     print(f"budget={budget:g} trainers={count} {setting['mode']}: p50 {p50:.3f} ms")
@@ -172,17 +169,15 @@ def _probe(
     runtime: Path,
     work: Path,
     prep: float | None,
-    warm: bool,
 ) -> dict:
     """One prober run in one mode: its name and round trips."""
-    mode = "no-hint" if prep is None else f"hint-{prep:g}" + ("" if warm else "-cold")
+    mode = "no-hint" if prep is None else f"hint-{prep:g}"
     result = work / f"probe-{mode}.json"
     cmd = _gp(runtime, "run") + ["--priority", "high", "--name", "prober", "--"]
     cmd += [sys.executable, str(HERE), "probe", "--trials", str(args.trials)]
     cmd += ["--result", str(result)]
     cmd += [] if prep is None else ["--prep-ms", str(prep)]
-    probe_env = env if warm else {**env, "GPREEMPT_GATE_WARM": "0"}
-    subprocess.run(cmd, env=probe_env, check=True, timeout=600)
+    subprocess.run(cmd, env=env, check=True, timeout=600)
     return {"mode": mode, "samples_ms": json.loads(result.read_text())}
 
 
@@ -235,7 +230,6 @@ def main() -> None:
     parser.add_argument("--trainers", default="0,1,3", help="trainer counts (default 0,1,3)")
     parser.add_argument("--prep-ms", default="0,0.5,1", help="CPU preparation after the hint")
     parser.add_argument("--trials", type=int, default=300)
-    parser.add_argument("--cold", action="store_true", help="also each hint without the warm-up")
     parser.add_argument(
         "--budgets", default="0.75", help="daemon in-flight budgets, ms per GPU (default 0.75)"
     )

@@ -60,7 +60,6 @@ ENV_OPEN_WINDOW_MS = "GPREEMPT_GATE_OPEN_WINDOW_MS"
 ENV_MODE = "GPREEMPT_GATE_MODE"
 ENV_HOLD_MS = "GPREEMPT_GATE_HOLD_MS"
 ENV_NATIVE = "GPREEMPT_GATE_NATIVE"
-ENV_WARM = "GPREEMPT_GATE_WARM"
 
 MODES = ("adaptive", "tight", "open")
 
@@ -93,7 +92,6 @@ class GateConfig:
     tight_hold_ms: float  # stay tight this long after the gate was last closed
     mode: str  # adaptive | tight | open
     idle_grace_ms: float  # quiet time before auto_active drops back to 0
-    warm_on_request: bool = True  # request() queues a tiny GPU command at once (see Gate.warm)
 
 
 def _env_number(name: str, kind: type, minimum: float) -> Any:
@@ -110,9 +108,6 @@ def _env_number(name: str, kind: type, minimum: float) -> Any:
     if value < minimum:
         raise UsageError(f"{name}={raw!r} must be >= {minimum}")
     return value
-
-
-_OFF = ("0", "false", "no", "off")
 
 
 def _pick(explicit: Any, env: Any, default: Any) -> Any:
@@ -170,7 +165,6 @@ def resolve_config(
         tight_hold_ms=hold,
         mode=chosen_mode,
         idle_grace_ms=float(idle_grace_ms),
-        warm_on_request=os.environ.get(ENV_WARM, "").strip().lower() not in _OFF,
     )
 
 
@@ -217,18 +211,6 @@ class Gate:
         """Wait until the GPU work this process launched so far has completed."""
         if self._installed:
             self._impl.drain()
-
-    def warm(self) -> None:
-        """Queue one tiny GPU command (an event record) on this process's main stream, now.
-
-        ``request()`` calls it as a request begins. The GPU runs one context at a time, and
-        switching to this process's costs tens of microseconds; while the request is still
-        being prepared on the CPU and the lower tasks' gates close, this command makes the GPU
-        switch over, so the first real kernel does not pay for it. It never waits on the GPU.
-        ``GPREEMPT_GATE_WARM=0`` turns it off.
-        """
-        if self._installed and self.config.warm_on_request:
-            self._impl.warm()
 
     def bind_thread(self, word_address: int, unbounded: bool = False) -> None:
         """Make the calling thread also wait while the u32 at ``word_address`` is nonzero.
@@ -323,7 +305,7 @@ def install_gate(
                 "a launch gate is already installed in this process; uninstall() it first"
             )
         native_env = os.environ.get(ENV_NATIVE, "").strip().lower()
-        use_native = prefer_native and native_env not in _OFF
+        use_native = prefer_native and native_env not in ("0", "false", "no", "off")
         impl: Any = None
         if use_native:
             from .gate_build import NativeGateUnavailable, load_native
@@ -444,9 +426,6 @@ class _NativeImpl:
 
     def drain(self) -> None:
         self._module.drain()
-
-    def warm(self) -> None:
-        self._module.warm()
 
     def set_device_live(self, live: bool) -> None:
         self._module.set_device_live(live)
@@ -784,16 +763,6 @@ class _PythonImpl:
                 for stream in self._streams:
                     stream.synchronize()
                 self._reap()
-
-    def warm(self) -> None:
-        if not self._device_live or self._captures > 0 or self._capturing():
-            return
-        with self._lock:
-            if self._streams:
-                try:
-                    self._streams[0].record_event()
-                except RuntimeError:
-                    pass  # an optimisation only: the request goes on without it
 
     def set_device_live(self, live: bool) -> None:
         self._device_live = live

@@ -92,8 +92,6 @@ class Session:
             self._requests += 1
             if self._requests == 1:
                 self.control.set_requests(1)
-                if self.gate is not None:
-                    self.gate.warm()  # the GPU switches to us while the request is prepared
 
     def exit_request(self) -> None:
         with self._lock:

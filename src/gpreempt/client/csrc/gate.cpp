@@ -221,8 +221,6 @@ struct GateState {
   Pending done{nullptr, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
   double ns_per_launch = 0.0;  // learned GPU time per launch, 0 = unknown
   std::vector<KnownStream> streams;
-  void* warm_event = nullptr;  // recorded by warm(); on the device of streams.front()
-  c10::DeviceIndex warm_device = -1;
   std::string error;
 
   std::mutex publish_mu;
@@ -746,7 +744,6 @@ void uninstall() {
       for (auto& p : g->fifo) destroy(p.event, p.stream.device_index());
       for (auto& e : g->free_events) destroy(e.second, e.first);
       for (auto& k : g->streams) destroy(k.tail, k.stream.device_index());
-      destroy(g->warm_event, g->warm_device);
       if (g->have_done) destroy(g->done.event, g->done.stream.device_index());
     } catch (const std::exception&) {
       // the context may be gone at interpreter exit; nothing to give back then
@@ -755,7 +752,6 @@ void uninstall() {
   g->fifo.clear();
   g->free_events.clear();
   g->streams.clear();
-  g->warm_event = nullptr;
   g->have_done = false;
 }
 
@@ -765,35 +761,6 @@ GateState* current() {
     throw std::runtime_error("the launch gate is not installed");
   }
   return g;
-}
-
-// Puts one tiny command (an event record) into this process's GPU queue, so that the GPU
-// switches to this process's context now, while the request is still being prepared on the
-// CPU, and not when its first kernel arrives. Never blocks on the GPU.
-void warm() {
-  GateState* g = g_gate.load();
-  if (g == nullptr || g_in_child.load() || !device_usable(g)) {
-    return;
-  }
-  std::lock_guard<std::mutex> lock(g->mu);
-  if (g->streams.empty()) {
-    return;  // no launch yet: nothing tells which device the request will use
-  }
-  try {
-    const c10::Stream stream = g->streams.front().stream;
-    if (stream_capturing(g->impl, stream)) {
-      return;
-    }
-    if (g->warm_event != nullptr && g->warm_device != stream.device_index()) {
-      g->impl->destroyEvent(g->warm_event, g->warm_device);
-      g->warm_event = nullptr;
-    }
-    g->impl->record(&g->warm_event, stream, stream.device_index(),
-                    c10::EventFlag::PYTORCH_DEFAULT);
-    g->warm_device = stream.device_index();
-  } catch (const std::exception& e) {
-    note_error(g, "warm", e);
-  }
 }
 
 void drain() {
@@ -863,7 +830,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
   m.def("uninstall", &uninstall, py::call_guard<py::gil_scoped_release>());
   m.def("drain", &drain, py::call_guard<py::gil_scoped_release>());
-  m.def("warm", &warm, py::call_guard<py::gil_scoped_release>());
   m.def("stats", &stats);
   m.def("set_device_live", [](bool live) {
     GateState* g = g_gate.load();
