@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The four target cells at 2000 requests (1000 heavy) with the warm-up on request() and the
-# futex wake-up.   OUT=dir bash benchmarks/gate-frontier/run10.sh
+# The four target cells at 2000 requests (1000 heavy) with the futex wake-up, and the
+# one-trainer cell a second time to see how much a cell moves between two runs.
+#   OUT=dir bash benchmarks/gate-frontier/run10.sh
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 python3 -m gpreempt.client.gate_build 2>&1 | tail -1
@@ -14,6 +15,7 @@ cell() {  # name, bench options...
 }
 cell bg1 --bg 1 --requests 2000
 cell bg3 --bg 3 --requests 2000
+cell bg1-again --bg 1 --requests 2000
 cell heavy-bg1 --case-a heavy --bg 1 --requests 1000
 cell heavy-bg3 --case-a heavy --bg 3 --requests 1000
 tar czf "$OUT/gf10.tgz" -C /tmp --exclude='*.png' gf10
