@@ -172,3 +172,20 @@ def test_scenario_names_are_checked():
     assert check_scenarios(["mps", "mps", "gpreempt-auto"]) == ("mps", "gpreempt-auto")
     with pytest.raises(UsageError, match="unknown scenario"):
         check_scenarios(["gpreempt-magic"])
+
+
+def test_serve_args_split_like_a_shell_and_keep_the_scenario_settings() -> None:
+    from gpreempt.cli.bench import _serve_args
+
+    assert _serve_args("") == ()
+    assert _serve_args("--inflight-budget-ms 1.5 --backstop-ms=0") == (
+        "--inflight-budget-ms",
+        "1.5",
+        "--backstop-ms=0",
+    )
+    with pytest.raises(UsageError, match="shell words"):
+        _serve_args("--inflight-budget-ms '1.5")
+    with pytest.raises(UsageError, match="--policy"):
+        _serve_args("--policy share")
+    with pytest.raises(UsageError, match="--runtime-dir"):
+        _serve_args("--runtime-dir=/tmp/x")

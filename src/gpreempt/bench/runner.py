@@ -53,6 +53,7 @@ class BenchConfig:
     gpreempt: tuple[str, ...] = (sys.executable, "-m", "gpreempt")
     mps_control: str = "nvidia-cuda-mps-control"
     nvml: bool = True
+    serve_args: tuple[str, ...] = ()  # extra options for the scenarios' private daemon
     probe_device: bool = True
     command: str = ""
     # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory)
@@ -146,6 +147,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
             config.mps_control,
             nvml=config.nvml,
             memory=_memory_plan(config, names, offsets[-1]),
+            serve_args=config.serve_args,
         )
         bar.update(1)
         runs: list[dict[str, RawScenario]] = []
@@ -196,6 +198,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         "arrival_rate_per_s": rate,
         "arrivals_span_s": offsets[-1],
         "command": config.command,
+        "serve_args": list(config.serve_args),
         "memory_plan": harness.memory.as_dict() if harness.memory else None,
         # settings the workloads inherit (e.g. GPREEMPT_IDLE_GRACE_MS changes gpreempt's policy)
         "env": {

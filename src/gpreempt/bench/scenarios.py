@@ -276,6 +276,7 @@ class Harness:
     nvml: bool = True
     gpu_index: int = 0
     memory: MemoryPlan | None = None  # the memory scenarios' plan (None: none asked for)
+    serve_args: tuple[str, ...] = ()  # extra options for every private daemon
 
 
 def _files(directory: Path, name: str) -> dict[str, Path]:
@@ -341,7 +342,7 @@ class _Daemon:
 
     def start(self, env: dict[str, str], policy: str = "hpf") -> None:
         argv = [*self.harness.gpreempt, "serve", "--runtime-dir", str(self.runtime_dir)]
-        argv += ["--policy", policy]
+        argv += ["--policy", policy, *self.harness.serve_args]
         self.child = Child.start("daemon", argv, env, self.directory)
         from ..client.connection import DaemonClient
         from ..errors import DaemonUnavailable

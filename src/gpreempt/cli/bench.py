@@ -161,11 +161,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of the way)",
     )
     parser.add_argument(
+        "--serve-args",
+        metavar="ARGS",
+        default="",
+        help="options for the scenarios' private `gpreempt serve`, in one string, e.g. "
+        '"--inflight-budget-ms 1.5" (see `gpreempt serve --help`)',
+    )
+    parser.add_argument(
         "--python",
         default=sys.executable,
         help="Python interpreter for the workloads (default: this one)",
     )
     parser.set_defaults(func=run)
+
+
+def _serve_args(value: str) -> tuple[str, ...]:
+    try:
+        words = tuple(shlex.split(value))
+    except ValueError as exc:
+        raise UsageError(f"--serve-args {value!r} does not parse as shell words: {exc}") from None
+    if any(
+        word in ("--runtime-dir", "--policy") or word.startswith(("--runtime-dir=", "--policy="))
+        for word in words
+    ):
+        raise UsageError(
+            "--serve-args may not set --runtime-dir or --policy: each scenario sets them"
+        )
+    return words
 
 
 def _out_dir(value: str | None) -> Path:
@@ -227,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_requests=100 if args.quick else 200,
         workloads=workloads,
         nvml=not args.no_nvml,
+        serve_args=_serve_args(args.serve_args),
         command=shlex.join(["gpreempt", *sys.argv[1:]]),
         ballast_gib=args.ballast_gib,
         growth_gib=args.growth_gib,
