@@ -303,3 +303,60 @@ def test_clients_carry_over_to_a_new_daemon(
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
         daemon.stop()
+
+
+LOW_WATCHER = """
+import os, sys, time
+from gpreempt.client import session
+current = session.current()
+assert current is not None, "not under gpreempt run"
+path = sys.argv[1]
+while True:
+    with open(path + ".tmp", "w") as f:
+        f.write("1" if current.watched_active() else "0")
+    os.replace(path + ".tmp", path)
+    time.sleep(0.01)
+"""
+
+
+def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[bool, bool]:
+    """(low saw the high task active inside its request, low saw it idle after it)."""
+    script = tmp_path / "watcher.py"
+    script.write_text(LOW_WATCHER)
+    seen = tmp_path / "seen"
+    # mechanism gate without a gate (no PyTorch here): the daemon cannot stop this process,
+    # so it keeps reporting what its watch shows
+    low = spawn(
+        runtime_dir, "run", "-p", "low", "--mechanism", "gate", "--name", "trainer", "--",
+        "python3", str(script), str(seen),
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: seen.exists(), 10), "the low task never started"
+        marker = tmp_path / "marker"
+        high = start_high_request(runtime_dir, tmp_path, marker, 1.5)
+        assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 10)
+        active = wait_for(lambda: seen.read_text() == "1", 1.0)
+        assert wait_for(lambda: marker.read_text() == "out", 10)
+        idle = wait_for(lambda: seen.read_text() == "0", 2.0)
+        assert high.wait(10) == 0
+        return active, idle
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(10)
+
+
+def test_a_low_task_watches_its_users_high_task_directly(
+    daemon: Daemon, runtime_dir: Path, tmp_path: Path
+) -> None:
+    active, idle = _watched_while_high_requests(runtime_dir, tmp_path)
+    assert active, "the low task never saw the high task's request through its watch"
+    assert idle, "the watch still showed the high task active after its request"
+
+
+def test_no_watch_sends_nothing_to_watch(runtime_dir: Path, tmp_path: Path) -> None:
+    daemon = Daemon(runtime_dir, "--no-watch")
+    try:
+        active, _idle = _watched_while_high_requests(runtime_dir, tmp_path)
+        assert not active
+    finally:
+        daemon.stop()

@@ -304,3 +304,61 @@ def test_env_forces_python_fallback(control, monkeypatch):
     monkeypatch.setenv("GPREEMPT_GATE_NATIVE", "0")
     gate = install_gate(control, bound=True, auto_activity=False)
     assert not gate.native
+
+
+def _set_after(action, delay: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(delay), action()))
+    thread.start()
+    return thread
+
+
+def test_a_watched_task_becoming_active_stops_the_gate(control, impl):
+    gate = _install(control, impl)
+    high = ControlBlock.create()
+    try:
+        gate.watch([high.address])
+        x = torch.ones(4)
+        x + 1  # the watched task is idle: no wait
+        assert gate.stats()["waits"] == 0
+        for start, stop in (
+            (lambda: high.set_auto_active(True), lambda: high.set_auto_active(False)),
+            (lambda: high.set_requests(1), lambda: high.set_requests(0)),
+        ):
+            start()
+            releaser = _set_after(stop, 0.3)
+            began = time.monotonic()
+            y = x + 1  # blocks until the watched task is idle again
+            waited = time.monotonic() - began
+            releaser.join()
+            assert waited >= 0.25
+            assert torch.equal(y, torch.full((4,), 2.0))
+        # once it has used request(), its automatic activity alone no longer counts
+        high.set_auto_active(True)
+        x + 1
+        assert gate.stats()["waits"] == 2
+        high.set_requests(1)
+        gate.watch([])  # nothing watched: passes again
+        x + 1
+        assert gate.stats()["waits"] == 2
+    finally:
+        gate.watch([])
+        high.close()
+
+
+def test_a_closed_gate_waits_for_the_daemon_even_after_the_watched_task_ends(control, impl):
+    gate = _install(control, impl)
+    high = ControlBlock.create()
+    try:
+        gate.watch([high.address])
+        high.set_requests(1)
+        control.set_gate(True)
+        _set_after(lambda: high.set_requests(0), 0.1)
+        opener = _open_after(control, 0.4)
+        began = time.monotonic()
+        torch.ones(2) + 1
+        waited = time.monotonic() - began
+        opener.join()
+        assert waited >= 0.35
+    finally:
+        gate.watch([])
+        high.close()

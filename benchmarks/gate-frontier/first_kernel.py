@@ -1,7 +1,7 @@
 """How long a high-priority process's first kernel waits behind gated trainers.
 
     python3 benchmarks/gate-frontier/first_kernel.py --out OUT.json [--trainers 0,1,3]
-        [--prep-ms 0,1] [--budgets 0.75]
+        [--prep-ms 0,1] [--budgets 0.75] [--serve-args "--no-watch"]
 
 For each number of trainers (Case-B Transformer training, `gpreempt run --priority low
 --mechanism gate`), a high-priority prober (`gpreempt run --priority high`) times, many times
@@ -14,7 +14,8 @@ after a random idle pause, how long one tiny kernel takes from launch to complet
   launches (the hint closes the trainers' gates while it prepares).
 
 ``--budgets`` repeats everything for each in-flight budget of the daemon
-(``serve --inflight-budget-ms``), restarting the daemon and the trainers for each.
+(``serve --inflight-budget-ms``), restarting the daemon and the trainers for each;
+``--serve-args`` passes more options to that daemon.
 
 The wait is the round trip minus the median round trip with no trainer. Writes every sample
 and a summary to OUT.json and prints a table.
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
     leads = [float(p) for p in args.prep_ms.split(",")]
     modes: list[float | None] = [None, *leads]
     counts = [int(n) for n in args.trainers.split(",")]
-    results: dict = {"trials": args.trials, "settings": []}
+    results: dict = {"trials": args.trials, "serve_args": args.serve_args, "settings": []}
     for budget in [float(b) for b in args.budgets.split(",")]:
         _run_budget(args, budget, counts, modes, results)
     _summarise(args, results)
@@ -133,7 +135,9 @@ def _run_budget(
     runtime = work / "rt"
     runtime.mkdir(mode=0o700)
     env = _env(runtime)
-    serve = _gp(runtime, "serve", "--inflight-budget-ms", str(budget))
+    serve = _gp(
+        runtime, "serve", "--inflight-budget-ms", str(budget), *shlex.split(args.serve_args)
+    )
     daemon = subprocess.Popen(serve, env=env, stderr=open(work / "serve.log", "w"))  # noqa: SIM115
     try:
         time.sleep(2)
@@ -233,6 +237,7 @@ def main() -> None:
     parser.add_argument(
         "--budgets", default="0.75", help="daemon in-flight budgets, ms per GPU (default 0.75)"
     )
+    parser.add_argument("--serve-args", default="", help="more options for `gpreempt serve`")
     parser.set_defaults(fn=run)
     args = parser.parse_args()
     args.fn(args)

@@ -135,6 +135,19 @@ class ControlBlock:
         """Whether an in-process gate watches this block (daemon)."""
         return self._get32(OFF_GATE_INSTALLED) != 0
 
+    def clear_activity(self) -> None:
+        """Mark the client idle (daemon, once its process is gone): gates that watch this
+        block must not wait for a request that will never end."""
+        self._set32(OFF_REQUESTS, 0)
+        self._set32(OFF_AUTO_ACTIVE, 0)
+
+    def read_only_fd(self) -> int:
+        """A new read-only descriptor of the block, for a gate that watches it (daemon).
+
+        Whoever receives it can map the block for reading only. The caller closes it.
+        """
+        return os.open(f"/proc/self/fd/{self.memfd}", os.O_RDONLY | os.O_CLOEXEC)
+
     def drain_doorbell(self) -> None:
         """Reset the doorbell after it rang (daemon)."""
         with contextlib.suppress(BlockingIOError):
@@ -180,3 +193,49 @@ class ControlBlock:
         for fd in (self.memfd, self.doorbell):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class ActivityView:
+    """A read-only mapping of another task's control block (client side of a watch).
+
+    The gate reads the block's activity words at :attr:`address`; :meth:`is_active` says the
+    same from Python (the fallback gate, tests). Mapped with ``PROT_READ`` through libc so the
+    address is stable and writing through it faults.
+    """
+
+    def __init__(self, fd: int) -> None:
+        address = _libc.mmap(None, SIZE, _PROT_READ, _MAP_SHARED, fd, 0)
+        if address in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot map a watched control block: {os.strerror(err)}")
+        self.address: int = address
+        self._words = (ctypes.c_uint32 * (SIZE // 4)).from_address(address)
+
+    def is_active(self) -> bool:
+        """The watched task wants the GPU, by the rule of :meth:`ControlBlock.is_active`."""
+        words = self._words
+        if words[OFF_REQUESTS // 4] > 0:
+            return True
+        return words[OFF_AUTO_ACTIVE // 4] != 0 and words[OFF_HINTED // 4] == 0
+
+    def close(self) -> None:
+        """Unmap. Only once no gate reads :attr:`address` any more."""
+        if self.address:
+            _libc.munmap(ctypes.c_void_p(self.address), SIZE)
+            self.address = 0
+
+
+_PROT_READ = 1
+_MAP_SHARED = 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]

@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"torch.compile's kernels, other threads); default {DEFAULT_DELAY_MS:g}, 0 = never",
     )
     parser.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="gates stop only when this daemon closes them; by default (policy hpf) a gated "
+        "task also watches the activity of its user's more important tasks on its GPU and "
+        "stops at its next operator when one starts, without waiting for the daemon",
+    )
+    parser.add_argument(
         "--shared",
         action="store_true",
         help="(root only) let every user's processes register; each still acts only on its own",
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         lock_timeout_ms=args.lock_timeout_ms,
         inflight_budget_ms=args.inflight_budget_ms,
         backstop_ms=args.backstop_ms,
+        watch=not args.no_watch,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )
     daemon.start()

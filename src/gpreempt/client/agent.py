@@ -42,13 +42,14 @@ def install_gate_for(current: session.Session) -> Any:
         from .gate import install_gate
     except ImportError:
         return None
-    current.gate = install_gate(
+    gate = install_gate(
         current.control,
         bound=_flag(ENV_GATE_BOUND, current.priority < NAMED["high"]),
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
         idle_grace_ms=idle_grace_ms(),
     )
-    return current.gate
+    current.use_gate(gate)
+    return gate
 
 
 def on_torch_imported(torch: ModuleType) -> None:

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,11 +45,14 @@ from ..control import (
     OFF_GATE_CLOSED,
     OFF_GATE_INSTALLED,
     OFF_GENERATION,
+    OFF_HINTED,
     OFF_LAUNCHES,
+    OFF_REQUESTS,
     OFF_WAIT_NS,
     OFF_WAITS,
     OFF_WINDOW,
     OFF_WINDOW_SHARE_US,
+    SIZE,
     ControlBlock,
 )
 from ..errors import UsageError
@@ -211,6 +215,17 @@ class Gate:
         """Wait until the GPU work this process launched so far has completed."""
         if self._installed:
             self._impl.drain()
+
+    def watch(self, addresses: Sequence[int]) -> None:
+        """Also stop while one of these control blocks (mapped read-only at these addresses)
+        says its task is active; replaces the previous list, ``[]`` clears it.
+
+        The session calls it with what the daemon sends (the blocks of the tasks that outrank
+        this one), so the gate stops at its next operator when one of them starts, without
+        waiting for the daemon to close it. The mappings must outlive their use here.
+        """
+        if self._installed:
+            self._impl.watch(list(addresses))
 
     def bind_thread(self, word_address: int, unbounded: bool = False) -> None:
         """Make the calling thread also wait while the u32 at ``word_address`` is nonzero.
@@ -442,6 +457,9 @@ class _NativeImpl:
     def bind_thread(self, word_address: int, unbounded: bool) -> None:
         self._module.bind_thread(word_address, unbounded)
 
+    def watch(self, addresses: list[int]) -> None:
+        self._module.watch(addresses)
+
     def set_default_task_word(self, word_address: int) -> None:
         self._module.set_default_task_word(word_address)
 
@@ -479,6 +497,7 @@ class _PythonImpl:
         self._config = config
         self._thread_task = threading.local()
         self._default_task_word: Any = None
+        self._watched: tuple[Any, ...] = ()  # u32 arrays over read-only control blocks
         self._counter = itertools.count(1)
         self._launches = 0
         self._next_mark = config.record_every
@@ -531,8 +550,8 @@ class _PythonImpl:
     def before_launch(self) -> None:
         n = next(self._counter)
         self._launches = n
-        if self._ctl.closed.value:
-            self._wait_open(self._ctl.closed)
+        if self._ctl.closed.value or self._watched_active():
+            self._wait_open(self._ctl.closed, watch=True)
         task_word = getattr(self._thread_task, "word", None) or self._default_task_word
         if task_word is not None and task_word.value:
             self._wait_open(task_word)
@@ -557,14 +576,26 @@ class _PythonImpl:
             ctypes.c_uint32.from_address(word_address) if word_address else None
         )
 
-    def _wait_open(self, word: Any) -> None:
+    def watch(self, addresses: list[int]) -> None:
+        words = ctypes.c_uint32 * (SIZE // 4)
+        self._watched = tuple(words.from_address(a) for a in addresses if a)
+
+    def _watched_active(self) -> bool:
+        for words in self._watched:
+            if words[OFF_REQUESTS // 4] or (
+                words[OFF_AUTO_ACTIVE // 4] and not words[OFF_HINTED // 4]
+            ):
+                return True
+        return False
+
+    def _wait_open(self, word: Any, watch: bool = False) -> None:
         if self._captures > 0 or self._capturing():
             return
         start = time.monotonic_ns()
         self._last_closed = start
         self._waits += 1
         self._ctl.waits.value = self._waits
-        while word.value and self._installed:
+        while (word.value or (watch and self._watched_active())) and self._installed:
             time.sleep(POLL_US / 1e6)
         end = time.monotonic_ns()
         self._last_closed = end

@@ -7,6 +7,10 @@ can call them unconditionally.
 
 If the daemon goes away, the session opens its own gate at once, so nothing stays blocked, and
 hands the same control block to the next daemon that serves the runtime directory.
+
+The daemon may also send the session read-only views of the control blocks of the tasks that
+outrank it (see :mod:`gpreempt.policy.watch`); the session hands their addresses to the gate,
+which then stops by itself while one of them is active.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import time
 from typing import Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID
-from ..control import ControlBlock
+from ..control import ActivityView, ControlBlock
 from ..errors import DaemonUnavailable, GpreemptError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
+#: How long a watched block stays mapped after the gate stopped reading it (a gate thread may
+#: be between loading the old list and reading from it).
+UNMAP_AFTER_S = 5.0
 
 
 class Session:
@@ -47,6 +54,9 @@ class Session:
         self.gate: Any = None
         self._requests = 0
         self._lock = threading.Lock()
+        self._watch_lock = threading.Lock()
+        self._watched: list[ActivityView] = []
+        self._retired: list[tuple[float, ActivityView]] = []
         self._watcher = threading.Thread(target=self._watch, name="gpreempt-session", daemon=True)
         self._watcher.start()
 
@@ -55,14 +65,20 @@ class Session:
         offer the same control block to the next daemon of the runtime directory, so the gate
         and the request count carry over."""
         while True:
-            sock = self.client.connection.sock
-            sock.settimeout(None)
+            connection = self.client.connection
+            connection.sock.settimeout(None)
             try:
-                while sock.recv(4096):
-                    pass
-            except OSError:
+                while (item := connection.receive()) is not None:
+                    message, fds = item
+                    if message.get("push") == "watch":
+                        self._set_watched(fds)
+                    else:
+                        for fd in fds:
+                            os.close(fd)
+            except (OSError, ProtocolError):
                 pass
             self.connected = False
+            self._set_watched([])
             try:
                 self.control.set_gate(False)
             except (ValueError, TypeError):
@@ -86,6 +102,42 @@ class Session:
         self.task_id = reply["task_id"]
         self.connected = True
         return True
+
+    def use_gate(self, gate: Any) -> None:
+        """The process's gate is installed: it watches what the daemon said to watch."""
+        with self._watch_lock:
+            self.gate = gate
+            gate.watch([view.address for view in self._watched])
+
+    def watched_active(self) -> bool:
+        """Whether a task that outranks this one on its GPU is active right now, as read from
+        the blocks the daemon sent (False if it sent none)."""
+        with self._watch_lock:
+            return any(view.is_active() for view in self._watched)
+
+    def _set_watched(self, fds: list[int]) -> None:
+        """Map the blocks the daemon sent (taking their fds) and watch them instead."""
+        views = []
+        for fd in fds:
+            try:
+                views.append(ActivityView(fd))
+            except OSError:
+                pass  # this one is not watched; the daemon's own closing still applies
+            finally:
+                os.close(fd)
+        now = time.monotonic()
+        with self._watch_lock:
+            if self.gate is not None:
+                self.gate.watch([view.address for view in views])
+            self._retired += [(now, view) for view in self._watched]
+            self._watched = views
+            keep = []
+            for since, view in self._retired:
+                if now - since > UNMAP_AFTER_S:
+                    view.close()
+                else:
+                    keep.append((since, view))
+            self._retired = keep
 
     def enter_request(self) -> None:
         with self._lock:

@@ -37,9 +37,10 @@ from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
 from ..policy import Decision, Policy, Snapshot, get_policy
 from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
+from ..policy.watch import watch_lists
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
-from ..protocol import OPS, Connection, Message, error_reply
+from ..protocol import MAX_FDS, OPS, Connection, Message, error_reply
 from . import persist
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .events import EventLog
@@ -63,6 +64,10 @@ class Peer:
     channel_task: int | None = None
     control: ControlBlock | None = None
     owned_tasks: set[int] = field(default_factory=set)
+    #: The channel's reply went out: the daemon may push to this connection now.
+    channel_ready: bool = False
+    #: The control blocks its gate watches, as (task id, connection id) pairs.
+    watching: tuple[tuple[int, int], ...] = ()
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -84,6 +89,7 @@ class Daemon:
         lock_timeout_ms: int | None = None,
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         backstop_ms: float = DEFAULT_DELAY_MS,
+        watch: bool = True,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
@@ -94,6 +100,9 @@ class Daemon:
         self.lock_timeout_ms = lock_timeout_ms
         self.inflight_budget_ms = inflight_budget_ms
         self.backstop_ms = backstop_ms
+        #: Gates watch the activity of the tasks that outrank them (hpf only; policy/watch.py).
+        self.watch = watch and policy == "hpf"
+        self._watch_signature: tuple[Any, ...] | None = None
         self.log = log or (lambda message: None)
         self.registry = Registry()
         self.peers: dict[int, Peer] = {}
@@ -281,6 +290,9 @@ class Daemon:
             message, fds = item
             reply = self._handle(peer, message, fds)
             self._reply(peer, reply)
+            if message.get("op") == "channel" and reply.get("ok"):
+                peer.channel_ready = True
+                self._update_watches(force=True)
         if not open_:
             self._drop_peer(peer)
 
@@ -303,6 +315,8 @@ class Daemon:
             if task is not None:
                 task.controls.pop(peer.conn_id, None)
                 changed = True
+            # gates that watch this block must not wait for a request that will never end
+            peer.control.clear_activity()
             peer.control.close()
         for task_id in peer.owned_tasks:
             task = self.registry.tasks.get(task_id)
@@ -565,6 +579,7 @@ class Daemon:
                 self._persist()
                 self._publish_states()
         self._share_inflight_budget(snapshot)
+        self._update_watches()
         self.backstop.apply(now)
         due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
@@ -580,6 +595,46 @@ class Daemon:
                 task.window_share_ms = share
                 for control in task.controls.values():
                     control.set_window_share(share)
+
+    def _update_watches(self, force: bool = False) -> None:
+        """Send each gated connection the control blocks of the tasks that outrank it, when
+        that set changes: read-only, and only between tasks of the same user."""
+        tasks = self.registry.tasks.values()
+        signature = tuple(
+            (t.task_id, t.priority, t.gpus, t.held, t.uid, tuple(t.controls)) for t in tasks
+        )
+        if signature == self._watch_signature and not force:
+            return
+        self._watch_signature = signature
+        lists = watch_lists(self.snapshot(time.monotonic())) if self.watch else {}
+        for peer in list(self.peers.values()):
+            low = self.registry.tasks.get(peer.channel_task or -1)
+            if not peer.channel_ready or low is None:
+                continue
+            blocks: list[tuple[int, int, ControlBlock]] = []
+            for high_id in sorted(lists.get(low.task_id, ())):
+                high = self.registry.tasks.get(high_id)
+                if high is None or high.uid != low.uid:
+                    continue  # another user's activity is not this one's to read
+                blocks += [(high_id, conn, c) for conn, c in sorted(high.controls.items())]
+            blocks = blocks[:MAX_FDS]  # beyond that, the daemon's own closing still applies
+            key = tuple((high_id, conn) for high_id, conn, _c in blocks)
+            if key != peer.watching:
+                self._send_watch(peer, blocks)
+                peer.watching = key
+
+    def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
+        fds: list[int] = []
+        try:
+            fds = [control.read_only_fd() for _t, _c, control in blocks]
+            message = {"push": "watch", "tasks": [task_id for task_id, _c, _b in blocks]}
+            peer.connection.send(message, fds)
+        except (OSError, ProtocolError) as exc:
+            self.log(f"cannot send the watch list to process {peer.pid}: {exc}")
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _suspend(self, task: Task) -> bool:
         mechanism = self.mechanisms.get(task.mechanism)

@@ -1,8 +1,10 @@
 // The in-process launch gate of gpreempt: a global RecordFunction callback that runs before
 // every PyTorch operator of the process.
 //
-// Per operator (the fast path) it does one atomic add and two plain loads: the process's launch
-// counter, the control block's gate_closed word and the activity flag. No syscall, no lock.
+// Per operator (the fast path) it does one atomic add and a few plain loads: the process's
+// launch counter, the control block's gate_closed word, the activity flag and, where the daemon
+// sent some, the activity words of the tasks that outrank this one (a read-only view of their
+// control blocks: the gate stops by itself while one of them is active). No syscall, no lock.
 // Everything else happens on rare slow paths:
 //   * the gate is closed: wait (spin briefly, then sleep on the word, woken by the daemon or
 //     the next poll) until the daemon opens it;
@@ -19,6 +21,7 @@
 
 #include <Python.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <ATen/record_function.h>
 #include <c10/core/Device.h>
@@ -66,13 +69,23 @@ namespace {
 // Control block offsets (see gpreempt/control.py).
 constexpr size_t kOffGateClosed = 0;
 constexpr size_t kOffGeneration = 4;
+constexpr size_t kOffRequests = 8;
 constexpr size_t kOffAutoActive = 12;
 constexpr size_t kOffLaunches = 16;
 constexpr size_t kOffWaits = 24;
 constexpr size_t kOffWaitNs = 32;
 constexpr size_t kOffWindow = 40;
 constexpr size_t kOffInstalled = 44;
+constexpr size_t kOffHinted = 48;
 constexpr size_t kOffWindowShareUs = 52;
+
+// The control blocks of the tasks that outrank this one, mapped read-only (set by the session
+// from the daemon's watch list). A list is never changed once published.
+constexpr size_t kMaxWatched = 8;
+struct WatchList {
+  size_t n = 0;
+  const uint8_t* blocks[kMaxWatched] = {};
+};
 
 enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
 
@@ -212,6 +225,7 @@ struct GateState {
   std::atomic<int64_t> last_closed_ns{std::numeric_limits<int64_t>::min() / 2};
   std::atomic<uint32_t> window{0};
   std::atomic<bool> tight_now{false};
+  std::atomic<const WatchList*> watch{nullptr};
   uint32_t seen_generation = 0;  // guarded by mu
 
   std::mutex mu;  // guards everything below, and all event calls
@@ -255,6 +269,22 @@ inline void store32(uint8_t* base, size_t off, uint32_t v) {
 }
 inline void store64(uint8_t* base, size_t off, uint64_t v) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+
+// Whether a watched task wants the GPU: the rule of ControlBlock.is_active (explicit requests
+// win over automatic activity once the task has used request()).
+inline bool watched_active(const WatchList* w) {
+  if (w == nullptr) {
+    return false;
+  }
+  for (size_t i = 0; i < w->n; ++i) {
+    const uint8_t* b = w->blocks[i];
+    if (load32(b, kOffRequests) != 0 ||
+        (load32(b, kOffAutoActive) != 0 && load32(b, kOffHinted) == 0)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void ring(GateState* g) {
@@ -395,7 +425,8 @@ bool tails_done(GateState* g) {
 }
 
 // --- slow paths -------------------------------------------------------------------------------
-void wait_open(GateState* g, const uint32_t* word) {
+// Waits while `word` is nonzero or, with `watch`, while a watched task is active.
+void wait_open(GateState* g, const uint32_t* word, bool watch) {
   if (g->captures.load(std::memory_order_relaxed) > 0) {
     return;  // an operator being captured into a graph launches nothing now
   }
@@ -408,7 +439,7 @@ void wait_open(GateState* g, const uint32_t* word) {
   int64_t last_reap = start;
   for (int spins = 0;;) {
     const uint32_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
-    if (seen == 0) {
+    if (seen == 0 && !(watch && watched_active(g->watch.load(std::memory_order_acquire)))) {
       break;
     }
     if (g->uninstalled.load(std::memory_order_relaxed)) {
@@ -432,7 +463,11 @@ void wait_open(GateState* g, const uint32_t* word) {
         }
       }
     }
-    wait_word(word, seen, poll);
+    if (seen != 0) {
+      wait_word(word, seen, poll);  // the daemon wakes it as it opens the gate
+    } else {
+      sleep_ns(poll);  // a watched task's words: polled
+    }
   }
   const int64_t end = now_ns();
   g->last_closed_ns.store(end, std::memory_order_relaxed);
@@ -537,8 +572,9 @@ void segment(GateState* g, uint64_t n, bool force) {
 
 inline void before_launch(GateState* g) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
-  if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0)) {
-    wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed));
+  if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0 ||
+                   watched_active(g->watch.load(std::memory_order_acquire)))) {
+    wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true);
   }
   if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
     const uint32_t* task_word = tls_task_word;
@@ -546,7 +582,7 @@ inline void before_launch(GateState* g) {
       task_word = g_default_task_word.load(std::memory_order_relaxed);
     }
     if (task_word != nullptr && __atomic_load_n(task_word, __ATOMIC_RELAXED) != 0) {
-      wait_open(g, task_word);
+      wait_open(g, task_word, false);
     }
     if (tls_task_unbounded) {
       return;
@@ -857,6 +893,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
+  m.def("watch", [](const std::vector<uintptr_t>& addresses) {
+    GateState* g = g_gate.load();
+    if (g == nullptr) {
+      return;
+    }
+    const WatchList* list = nullptr;
+    if (!addresses.empty()) {
+      auto* fresh = new WatchList();  // never freed: a thread may still read the old one
+      for (uintptr_t a : addresses) {
+        if (fresh->n < kMaxWatched && a != 0) {
+          fresh->blocks[fresh->n++] = reinterpret_cast<const uint8_t*>(a);
+        }
+      }
+      list = fresh;
+    }
+    g->watch.store(list, std::memory_order_release);
+  });
   m.def("bind_thread", [](uintptr_t word, bool unbounded) {
     if (word != 0) {
       g_task_gates.store(true);
