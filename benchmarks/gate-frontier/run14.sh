@@ -13,7 +13,7 @@ fk() {  # name, first_kernel options...
   gzip -f "$OUT/$name.json"
 }
 fk first_kernel_watch
-fk first_kernel_nowatch --serve-args "--no-watch"
+fk first_kernel_nowatch --serve-args=--no-watch
 mkdir -p /tmp/gf14
 for bg in 1 3; do
   timeout 170 python3 -m gpreempt bench --no-nvml --warmup-s 1 --bg $bg --requests 2000 \
