@@ -165,7 +165,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="ARGS",
         default="",
         help="options for the scenarios' private `gpreempt serve`, in one string, e.g. "
-        '"--inflight-budget-ms 1.5" (see `gpreempt serve --help`)',
+        '"--inflight-budget-ms 1.5"; a single option needs the = form, --serve-args=--no-watch '
+        "(see `gpreempt serve --help`)",
     )
     parser.add_argument(
         "--python",
