@@ -319,17 +319,23 @@ while True:
 """
 
 
-def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[bool, bool]:
-    """(low saw the high task active inside its request, low saw it idle after it)."""
+def _start_watcher(runtime_dir: Path, tmp_path: Path, seen: Path) -> subprocess.Popen:
+    """A low task that writes 1 to ``seen`` while its watch shows a more important task active.
+
+    Mechanism gate without a gate (no PyTorch here): the daemon cannot stop this process, so
+    it keeps reporting what its watch shows."""
     script = tmp_path / "watcher.py"
     script.write_text(LOW_WATCHER)
-    seen = tmp_path / "seen"
-    # mechanism gate without a gate (no PyTorch here): the daemon cannot stop this process,
-    # so it keeps reporting what its watch shows
-    low = spawn(
+    return spawn(
         runtime_dir, "run", "-p", "low", "--mechanism", "gate", "--name", "trainer", "--",
         "python3", str(script), str(seen),
     )  # fmt: skip
+
+
+def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[bool, bool]:
+    """(low saw the high task active inside its request, low saw it idle after it)."""
+    seen = tmp_path / "seen"
+    low = _start_watcher(runtime_dir, tmp_path, seen)
     try:
         assert wait_for(lambda: seen.exists(), 10), "the low task never started"
         marker = tmp_path / "marker"
@@ -360,3 +366,22 @@ def test_no_watch_sends_nothing_to_watch(runtime_dir: Path, tmp_path: Path) -> N
         assert not active
     finally:
         daemon.stop()
+
+
+def test_a_watched_task_killed_inside_its_request_counts_as_idle(
+    daemon: Daemon, runtime_dir: Path, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen"
+    low = _start_watcher(runtime_dir, tmp_path, seen)
+    marker = tmp_path / "marker"
+    try:
+        assert wait_for(lambda: seen.exists(), 10)
+        high = start_high_request(runtime_dir, tmp_path, marker, 60)
+        assert wait_for(lambda: marker.exists(), 10)
+        assert wait_for(lambda: seen.read_text() == "1", 5)
+        os.kill(task_named(runtime_dir, "server")["pid"], signal.SIGKILL)
+        assert wait_for(lambda: seen.read_text() == "0", 5), "the watch kept a dead task active"
+        assert high.wait(10) == 128 + signal.SIGKILL
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(10)

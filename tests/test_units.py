@@ -229,3 +229,32 @@ def test_futex_wake_without_waiters_or_address_is_harmless() -> None:
         assert futex.wake(0) == 0
     finally:
         block.close()
+
+
+def test_a_watch_view_is_read_only_and_follows_the_activity_rule() -> None:
+    import mmap
+    import os
+
+    from gpreempt.control import SIZE, ActivityView
+
+    block = ControlBlock.create()
+    fd = block.read_only_fd()
+    try:
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, SIZE)  # writable mapping of a read-only descriptor
+        view = ActivityView(fd)
+        assert not view.is_active()
+        block.set_auto_active(True)
+        assert view.is_active()  # automatic activity counts until request() is used
+        block.set_requests(1)
+        block.set_requests(0)
+        assert not view.is_active()  # hinted: requests alone count
+        block.set_requests(2)
+        assert view.is_active()
+        block.clear_activity()  # what the daemon does when the owner goes away
+        assert not view.is_active()
+        view.close()
+        view.close()  # twice is harmless
+    finally:
+        os.close(fd)
+        block.close()
