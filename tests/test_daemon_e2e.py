@@ -307,20 +307,21 @@ def test_clients_carry_over_to_a_new_daemon(
 
 LOW_WATCHER = """
 import os, sys, time
+import gpreempt
 from gpreempt.client import session
-current = session.current()
-assert current is not None, "not under gpreempt run"
+assert session.current() is not None, "not under gpreempt run"
 path = sys.argv[1]
 while True:
     with open(path + ".tmp", "w") as f:
-        f.write("1" if current.watched_active() else "0")
+        f.write("1" if gpreempt.should_yield() else "0")
     os.replace(path + ".tmp", path)
     time.sleep(0.01)
 """
 
 
 def _start_watcher(runtime_dir: Path, tmp_path: Path, seen: Path) -> subprocess.Popen:
-    """A low task that writes 1 to ``seen`` while its watch shows a more important task active.
+    """A low task that writes 1 to ``seen`` while ``should_yield()`` says a more important task
+    is active.
 
     Mechanism gate without a gate (no PyTorch here): the daemon cannot stop this process, so
     it keeps reporting what its watch shows."""

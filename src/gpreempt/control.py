@@ -209,18 +209,20 @@ class ActivityView:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot map a watched control block: {os.strerror(err)}")
         self.address: int = address
-        self._words = (ctypes.c_uint32 * (SIZE // 4)).from_address(address)
+        words = (ctypes.c_uint32 * (SIZE // 4)).from_address(address)
+        self._words = memoryview(words).cast("B").cast("I")  # indexing it is cheap
 
     def is_active(self) -> bool:
         """The watched task wants the GPU, by the rule of :meth:`ControlBlock.is_active`."""
         words = self._words
-        if words[OFF_REQUESTS // 4] > 0:
+        if words[OFF_REQUESTS // 4]:
             return True
-        return words[OFF_AUTO_ACTIVE // 4] != 0 and words[OFF_HINTED // 4] == 0
+        return bool(words[OFF_AUTO_ACTIVE // 4]) and not words[OFF_HINTED // 4]
 
     def close(self) -> None:
         """Unmap. Only once no gate reads :attr:`address` any more."""
         if self.address:
+            self._words.release()
             _libc.munmap(ctypes.c_void_p(self.address), SIZE)
             self.address = 0
 

@@ -38,9 +38,14 @@ class request(contextlib.ContextDecorator):  # noqa: N801 - used like a function
 
 
 def should_yield() -> bool:
-    """True while a more important task on this GPU wants it (the daemon closed our gate)."""
+    """True while a more important task on this GPU wants it: the daemon closed our gate, or
+    a task we watch (one of our user's tasks that outrank us there) is active."""
     current = session.current()
-    return current is not None and current.connected and current.control.gate_closed
+    return current is not None and current.connected and _held(current)
+
+
+def _held(current: session.Session) -> bool:
+    return current.control.gate_closed or current.watched_active()
 
 
 def yield_point(poll_s: float = 0.0005) -> float:
@@ -50,9 +55,9 @@ def yield_point(poll_s: float = 0.0005) -> float:
     be stopped wherever it is.
     """
     current = session.current()
-    if current is None or not current.control.gate_closed:
+    if current is None or not _held(current):
         return 0.0
     start = time.perf_counter()
-    while current.connected and current.control.gate_closed:
+    while current.connected and _held(current):
         time.sleep(poll_s)
     return time.perf_counter() - start

@@ -112,8 +112,13 @@ class Session:
     def watched_active(self) -> bool:
         """Whether a task that outranks this one on its GPU is active right now, as read from
         the blocks the daemon sent (False if it sent none)."""
+        if not self._watched:  # nothing watched: no lock needed to say so
+            return False
         with self._watch_lock:
-            return any(view.is_active() for view in self._watched)
+            for view in self._watched:
+                if view.is_active():
+                    return True
+            return False
 
     def _set_watched(self, fds: list[int]) -> None:
         """Map the blocks the daemon sent (taking their fds) and watch them instead."""
