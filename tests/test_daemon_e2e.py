@@ -333,8 +333,9 @@ def _start_watcher(runtime_dir: Path, tmp_path: Path, seen: Path) -> subprocess.
     )  # fmt: skip
 
 
-def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[bool, bool]:
-    """(low saw the high task active inside its request, low saw it idle after it)."""
+def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[bool, bool, bool]:
+    """(low saw the high task active inside its request, low saw it idle after it, status
+    said the low task watches the high one)."""
     seen = tmp_path / "seen"
     low = _start_watcher(runtime_dir, tmp_path, seen)
     try:
@@ -343,10 +344,12 @@ def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[boo
         high = start_high_request(runtime_dir, tmp_path, marker, 1.5)
         assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 10)
         active = wait_for(lambda: seen.read_text() == "1", 1.0)
+        server_id = task_named(runtime_dir, "server")["task_id"]
+        listed = task_named(runtime_dir, "trainer")["watching"] == [server_id]
         assert wait_for(lambda: marker.read_text() == "out", 10)
         idle = wait_for(lambda: seen.read_text() == "0", 2.0)
         assert high.wait(10) == 0
-        return active, idle
+        return active, idle, listed
     finally:
         low.send_signal(signal.SIGTERM)
         low.wait(10)
@@ -355,16 +358,17 @@ def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[boo
 def test_a_low_task_watches_its_users_high_task_directly(
     daemon: Daemon, runtime_dir: Path, tmp_path: Path
 ) -> None:
-    active, idle = _watched_while_high_requests(runtime_dir, tmp_path)
+    active, idle, listed = _watched_while_high_requests(runtime_dir, tmp_path)
     assert active, "the low task never saw the high task's request through its watch"
     assert idle, "the watch still showed the high task active after its request"
+    assert listed, "gpreempt status does not show what the low task watches"
 
 
 def test_no_watch_sends_nothing_to_watch(runtime_dir: Path, tmp_path: Path) -> None:
     daemon = Daemon(runtime_dir, "--no-watch")
     try:
-        active, _idle = _watched_while_high_requests(runtime_dir, tmp_path)
-        assert not active
+        active, _idle, listed = _watched_while_high_requests(runtime_dir, tmp_path)
+        assert not active and not listed
     finally:
         daemon.stop()
 

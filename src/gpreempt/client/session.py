@@ -115,10 +115,7 @@ class Session:
         if not self._watched:  # nothing watched: no lock needed to say so
             return False
         with self._watch_lock:
-            for view in self._watched:
-                if view.is_active():
-                    return True
-            return False
+            return any(view.is_active() for view in self._watched)
 
     def _set_watched(self, fds: list[int]) -> None:
         """Map the blocks the daemon sent (taking their fds) and watch them instead."""

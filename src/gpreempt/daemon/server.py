@@ -607,6 +607,7 @@ class Daemon:
             return
         self._watch_signature = signature
         lists = watch_lists(self.snapshot(time.monotonic())) if self.watch else {}
+        watching: dict[int, set[int]] = {}
         for peer in list(self.peers.values()):
             low = self.registry.tasks.get(peer.channel_task or -1)
             if not peer.channel_ready or low is None:
@@ -622,6 +623,9 @@ class Daemon:
             if key != peer.watching:
                 self._send_watch(peer, blocks)
                 peer.watching = key
+            watching.setdefault(low.task_id, set()).update(h for h, _c in key)
+        for task in tasks:
+            task.watching = frozenset(watching.get(task.task_id, ()))
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
         fds: list[int] = []
