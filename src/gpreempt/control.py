@@ -6,7 +6,10 @@ plain memory load: no syscall, no socket, no lock. The client publishes its acti
 which happens per request, not per launch.
 
 The block lives in a memfd the client creates and hands to the daemon over the socket, so no
-file in a shared directory can be swapped or read by anyone else.
+file in a shared directory can be swapped or read by anyone else. The daemon wakes a gate
+waiting on ``gate_closed`` (a futex) when it opens it, and may hand read-only descriptors of a
+block to the gates of the same user's less important tasks, which then watch its activity
+words (:class:`ActivityView`, ``gpreempt.policy.watch``).
 
 Layout (little endian, 64 bytes):
 
@@ -136,7 +139,7 @@ class ControlBlock:
         return self._get32(OFF_GATE_INSTALLED) != 0
 
     def clear_activity(self) -> None:
-        """Mark the client idle (daemon, once its process is gone): gates that watch this
+        """Mark the client idle (daemon, once its connection is gone): gates that watch this
         block must not wait for a request that will never end."""
         self._set32(OFF_REQUESTS, 0)
         self._set32(OFF_AUTO_ACTIVE, 0)
@@ -195,6 +198,22 @@ class ControlBlock:
                 os.close(fd)
 
 
+_PROT_READ = 1
+_MAP_SHARED = 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
 class ActivityView:
     """A read-only mapping of another task's control block (client side of a watch).
 
@@ -225,19 +244,3 @@ class ActivityView:
             self._words.release()
             _libc.munmap(ctypes.c_void_p(self.address), SIZE)
             self.address = 0
-
-
-_PROT_READ = 1
-_MAP_SHARED = 1
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
