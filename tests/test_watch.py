@@ -93,7 +93,7 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         assert sent[2] == []  # task 1 outranks it, but belongs to another user
         assert sent[3] == [({"push": "watch", "tasks": [1]}, 1)]  # not task 2: another user
         assert sent[4] == [({"push": "watch", "tasks": [2]}, 1)]
-        assert daemon.registry.tasks[3].watching == frozenset({1})
+        assert daemon._watched_by(daemon.registry.tasks[3]) == [1]
         daemon._update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf

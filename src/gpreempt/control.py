@@ -41,6 +41,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from . import futex
 
@@ -60,6 +61,13 @@ OFF_WINDOW = 40
 OFF_GATE_INSTALLED = 44
 OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
+
+
+def wants_gpu(requests: int, auto_active: int, hinted: int) -> bool:
+    """The activity rule, from a block's three words: a process that marks its requests
+    explicitly is active exactly inside them; its automatic activity (which lasts a grace
+    period past each burst) then no longer counts. The native gate has the same rule."""
+    return requests > 0 or (auto_active != 0 and hinted == 0)
 
 
 @dataclass(frozen=True)
@@ -124,14 +132,9 @@ class ControlBlock:
         return us / 1000 if us else None
 
     def is_active(self) -> bool:
-        """Whether the client says it wants the GPU (daemon).
-
-        A process that marks its requests explicitly is active exactly inside them: its
-        automatic activity (which lasts a grace period past each burst) no longer counts.
-        """
-        if self._get32(OFF_REQUESTS) > 0:
-            return True
-        return self._get32(OFF_AUTO_ACTIVE) != 0 and self._get32(OFF_HINTED) == 0
+        """Whether the client says it wants the GPU (daemon), by :func:`wants_gpu`."""
+        get = self._get32
+        return wants_gpu(get(OFF_REQUESTS), get(OFF_AUTO_ACTIVE), get(OFF_HINTED))
 
     @property
     def gate_installed(self) -> bool:
@@ -214,6 +217,11 @@ _libc.mmap.argtypes = [
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 
+def words_want_gpu(words: Any) -> bool:
+    """:func:`wants_gpu` of a block seen as a sequence of its u32 words."""
+    return wants_gpu(words[OFF_REQUESTS // 4], words[OFF_AUTO_ACTIVE // 4], words[OFF_HINTED // 4])
+
+
 class ActivityView:
     """A read-only mapping of another task's control block (client side of a watch).
 
@@ -232,11 +240,8 @@ class ActivityView:
         self._words = memoryview(words).cast("B").cast("I")  # indexing it is cheap
 
     def is_active(self) -> bool:
-        """The watched task wants the GPU, by the rule of :meth:`ControlBlock.is_active`."""
-        words = self._words
-        if words[OFF_REQUESTS // 4]:
-            return True
-        return bool(words[OFF_AUTO_ACTIVE // 4]) and not words[OFF_HINTED // 4]
+        """The watched task wants the GPU, by :func:`wants_gpu`."""
+        return words_want_gpu(self._words)
 
     def close(self) -> None:
         """Unmap. Only once no gate reads :attr:`address` any more."""

@@ -45,15 +45,14 @@ from ..control import (
     OFF_GATE_CLOSED,
     OFF_GATE_INSTALLED,
     OFF_GENERATION,
-    OFF_HINTED,
     OFF_LAUNCHES,
-    OFF_REQUESTS,
     OFF_WAIT_NS,
     OFF_WAITS,
     OFF_WINDOW,
     OFF_WINDOW_SHARE_US,
     SIZE,
     ControlBlock,
+    words_want_gpu,
 )
 from ..errors import UsageError
 
@@ -581,12 +580,7 @@ class _PythonImpl:
         self._watched = tuple(words.from_address(a) for a in addresses if a)
 
     def _watched_active(self) -> bool:
-        for words in self._watched:
-            if words[OFF_REQUESTS // 4] or (
-                words[OFF_AUTO_ACTIVE // 4] and not words[OFF_HINTED // 4]
-            ):
-                return True
-        return False
+        return any(words_want_gpu(words) for words in self._watched)
 
     def _wait_open(self, word: Any, watch: bool = False) -> None:
         if self._captures > 0 or self._capturing():

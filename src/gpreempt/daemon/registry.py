@@ -55,8 +55,6 @@ class Task:
     was_active: bool = False
     #: Also locked in the driver, behind its closed gate (mechanism auto; see backstop.py).
     backstop_locked: bool = False
-    #: Tasks whose activity this task's gates watch directly (policy/watch.py).
-    watching: frozenset[int] = frozenset()
     #: GPU time (ms) its gate may keep in flight, as last written to its control blocks.
     window_share_ms: float | None = None
 
@@ -134,7 +132,6 @@ class Task:
             "last_suspend_ms": self.last_suspend_ms,
             "last_mechanism": self.suspended_with,
             "backstop_locked": self.backstop_locked,
-            "watching": sorted(self.watching),
             "uid": self.uid,
             "timeslice_ms": self.timeslice_ms,
             "min_share": self.min_share,

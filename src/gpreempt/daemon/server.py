@@ -486,8 +486,21 @@ class Daemon:
                 "lock_available": self.mechanisms.lock_unavailable is None,
                 "lock_unavailable_reason": self.mechanisms.lock_unavailable,
             },
-            "tasks": [t.describe(now) for t in self.registry.tasks.values()],
+            "tasks": [
+                {**t.describe(now), "watching": self._watched_by(t)}
+                for t in self.registry.tasks.values()
+            ],
         }
+
+    def _watched_by(self, task: Task) -> list[int]:
+        """Ids of the tasks whose blocks the gates of ``task`` watch (policy/watch.py)."""
+        ids = {
+            high_id
+            for peer in self.peers.values()
+            if peer.channel_task == task.task_id
+            for high_id, _conn in peer.watching
+        }
+        return sorted(ids)
 
     def _op_hold(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         task = self.registry.find(str(message["target"]))
@@ -607,7 +620,6 @@ class Daemon:
             return
         self._watch_signature = signature
         lists = watch_lists(self.snapshot(time.monotonic())) if self.watch else {}
-        watching: dict[int, set[int]] = {}
         for peer in list(self.peers.values()):
             low = self.registry.tasks.get(peer.channel_task or -1)
             if not peer.channel_ready or low is None:
@@ -623,9 +635,6 @@ class Daemon:
             if key != peer.watching:
                 self._send_watch(peer, blocks)
                 peer.watching = key
-            watching.setdefault(low.task_id, set()).update(h for h, _c in key)
-        for task in tasks:
-            task.watching = frozenset(watching.get(task.task_id, ()))
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
         fds: list[int] = []

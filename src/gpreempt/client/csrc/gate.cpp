@@ -271,8 +271,8 @@ inline void store64(uint8_t* base, size_t off, uint64_t v) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
 }
 
-// Whether a watched task wants the GPU: the rule of ControlBlock.is_active (explicit requests
-// win over automatic activity once the task has used request()).
+// Whether a watched task wants the GPU: the rule of gpreempt.control.wants_gpu (explicit
+// requests win over automatic activity once the task has used request()).
 inline bool watched_active(const WatchList* w) {
   if (w == nullptr) {
     return false;
