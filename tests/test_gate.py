@@ -126,6 +126,21 @@ def test_open_gate_does_not_wait_and_counts_launches(control, impl):
     assert published > stats["launches"] - gate.config.open_record_every
 
 
+def test_native_gate_keeps_a_cost_entry_per_operator_name(control, native_available):
+    gate = _install(control, "native", record_every=8)
+    x = torch.ones(8)
+    for _ in range(300):
+        x = x * 1.0
+    for _ in range(40):
+        torch.sort(x)
+    costs = {name: (calls, us, samples) for name, calls, us, samples in gate.stats()["op_costs"]}
+    assert costs["aten::mul"][0] >= 300
+    assert costs["aten::sort"][0] >= 40
+    # no device: nothing is timed and every operator costs the (unknown) average
+    assert all(us == 0 and samples == 0 for _, us, samples in costs.values())
+    assert gate.stats()["samples_taken"] == 0
+
+
 def test_uninstall_removes_the_hook(control, impl):
     gate = _install(control, impl)
     torch.ones(2) + 1

@@ -64,6 +64,41 @@ def test_bound_records_events_and_limits_work_in_flight(control):
     assert control.stats().window == stats["window"]
 
 
+def test_long_operators_count_at_their_own_cost(control):
+    """A burst of long operators after many cheap ones (an optimizer step after the backward
+    pass) must not fill the GPU beyond the window: at the average cost a 0.5 ms window would
+    admit the whole burst."""
+    gate = install_gate(control, bound=True, auto_activity=False, mode="tight", window_ms=0.5)
+    small = torch.zeros(1024, device="cuda")
+    a = torch.randn(2048, 2048, device="cuda")
+    heavy_ms = []
+    queued_ms = []
+    for _ in range(12):
+        for _ in range(300):
+            small.add_(1.0)
+        for _ in range(12):
+            torch.mm(a, a)
+        start = time.perf_counter()
+        torch.cuda.synchronize()
+        queued_ms.append((time.perf_counter() - start) * 1e3)
+    start_event = torch.cuda.Event(enable_timing=True)
+    end_event = torch.cuda.Event(enable_timing=True)
+    start_event.record()
+    torch.mm(a, a)
+    end_event.record()
+    end_event.synchronize()
+    heavy_ms.append(start_event.elapsed_time(end_event))
+    stats = gate.stats()
+    costs = {name: (us, samples) for name, _calls, us, samples in stats["op_costs"]}
+    assert stats["error"] is None
+    assert costs["aten::mm"][1] > 0, "the long operator was never timed"
+    assert costs["aten::mm"][0] > 20 * max(costs["aten::add_"][0], 1.0)
+    assert heavy_ms[0] > 0.2, "the long operator is too short on this GPU to test anything"
+    # what was still queued when the burst's last launch returned: the window and one operator,
+    # not the whole burst (12 operators); the first bursts teach the costs
+    assert sorted(queued_ms[4:])[-2] < 0.5 + 3 * heavy_ms[0], (queued_ms, heavy_ms)
+
+
 def test_closed_gate_blocks_cuda_ops_and_drain_empties_the_queue(control):
     gate = install_gate(control, bound=True, auto_activity=False)
     _matmuls(200)

@@ -63,6 +63,7 @@ ENV_OPEN_WINDOW_MS = "GPREEMPT_GATE_OPEN_WINDOW_MS"
 ENV_MODE = "GPREEMPT_GATE_MODE"
 ENV_HOLD_MS = "GPREEMPT_GATE_HOLD_MS"
 ENV_NATIVE = "GPREEMPT_GATE_NATIVE"
+ENV_OP_COSTS = "GPREEMPT_GATE_OP_COSTS"
 
 MODES = ("adaptive", "tight", "open")
 
@@ -95,6 +96,7 @@ class GateConfig:
     tight_hold_ms: float  # stay tight this long after the gate was last closed
     mode: str  # adaptive | tight | open
     idle_grace_ms: float  # quiet time before auto_active drops back to 0
+    op_costs: bool = True  # count each operator at its own timed cost (native gate only)
 
 
 def _env_number(name: str, kind: type, minimum: float) -> Any:
@@ -111,6 +113,17 @@ def _env_number(name: str, kind: type, minimum: float) -> Any:
     if value < minimum:
         raise UsageError(f"{name}={raw!r} must be >= {minimum}")
     return value
+
+
+def _env_switch(name: str) -> bool | None:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{name}={raw!r} is not a switch; set it to 1 or 0, or unset it")
 
 
 def _pick(explicit: Any, env: Any, default: Any) -> Any:
@@ -133,6 +146,7 @@ def resolve_config(
     tight_hold_ms: float | None = None,
     mode: str | None = None,
     idle_grace_ms: float = 2.0,
+    op_costs: bool | None = None,
 ) -> GateConfig:
     """Parameters win over environment variables, which win over the defaults."""
     k = int(_pick(record_every, _env_number(ENV_K, int, 1), DEFAULT_RECORD_EVERY))
@@ -153,6 +167,7 @@ def resolve_config(
     ):
         if value < 1:
             raise UsageError(f"{label} must be >= 1, got {value}")
+    costs = _pick(op_costs, _env_switch(ENV_OP_COSTS), True)
     if tight_ms < 0 or open_ms < 0 or hold < 0 or idle_grace_ms < 0:
         raise UsageError("window_ms, open_window_ms, tight_hold_ms and idle_grace_ms must be >= 0")
     open_k = max(k, 128)
@@ -168,6 +183,7 @@ def resolve_config(
         tight_hold_ms=hold,
         mode=chosen_mode,
         idle_grace_ms=float(idle_grace_ms),
+        op_costs=bool(costs),
     )
 
 
@@ -281,6 +297,7 @@ def install_gate(
     open_window_launches: int | None = None,
     tight_hold_ms: float | None = None,
     mode: str | None = None,
+    op_costs: bool | None = None,
 ) -> Gate:
     """Install the launch gate for this process and return it.
 
@@ -294,7 +311,8 @@ def install_gate(
     the window stays tight after the gate was last closed. ``mode``
     (``GPREEMPT_GATE_MODE``): ``adaptive`` (default), or ``tight``/``open`` always.
     ``prefer_native``: use the C++ hook, building it if needed (``GPREEMPT_GATE_NATIVE=0``
-    forces the Python fallback).
+    forces the Python fallback). ``op_costs`` (``GPREEMPT_GATE_OP_COSTS``, on): the native gate
+    times operators now and then and counts each at its own GPU time, not at the average.
 
     Raises UsageError for bad settings and RuntimeError if a gate is already installed.
     """
@@ -312,6 +330,7 @@ def install_gate(
         tight_hold_ms=tight_hold_ms,
         mode=mode,
         idle_grace_ms=idle_grace_ms,
+        op_costs=op_costs,
     )
     with _install_lock:
         if _current is not None and _current.installed:
@@ -430,6 +449,7 @@ class _NativeImpl:
             config.idle_grace_ms,
             POLL_US,
             _cuda_initialized(torch),
+            config.op_costs,
         )
 
     def uninstall(self) -> None:

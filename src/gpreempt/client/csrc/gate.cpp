@@ -8,9 +8,14 @@
 // Everything else happens on rare slow paths:
 //   * the gate is closed: wait (spin briefly, then sleep on the word, woken by the daemon or
 //     the next poll) until the daemon opens it;
-//   * every `segment` launches: record a CUDA event on the current stream, retire completed
-//     events (learning GPU time per launch from their timestamps), and if the work in flight
-//     exceeds the window, wait for the oldest event;
+//   * every `segment` launches, or every half window of estimated GPU time: record a CUDA
+//     event on the current stream, retire completed events (learning the average GPU time per
+//     launch from their timestamps), and if the work in flight exceeds the window, wait for the
+//     oldest event;
+//   * now and then, an operator is timed on its own: an event before it and one before the
+//     next operator. Each operator adds its own learned GPU time to the work in flight, so a
+//     few long ones (an optimizer's _foreach_ updates over every parameter) cannot fill the
+//     GPU for milliseconds behind a window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
 //     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time.
 //
@@ -184,12 +189,38 @@ struct Config {
   int mode = kAdaptive;
   double idle_grace_ms = 2.0;
   double poll_us = 30.0;            // sleep per poll of a closed gate
+  bool op_costs = true;             // count each operator at its own timed cost
+};
+
+// The learned GPU time of one operator (by name). The table is filled as names are first seen
+// and never shrinks; a full table leaves further names at the average cost.
+constexpr size_t kCostSlots = 1024;
+constexpr size_t kCostProbes = 8;
+constexpr size_t kCostNameLen = 64;
+struct OpCost {
+  std::atomic<uint64_t> key{0};      // hash of the name, 0 = free slot
+  std::atomic<uint32_t> ns{0};       // learned GPU time per call, 0 = not learned yet
+  std::atomic<uint32_t> calls{0};
+  std::atomic<uint32_t> samples{0};  // valid timings so far
+  std::atomic<bool> named{false};
+  char name[kCostNameLen] = {};
+};
+
+// A timing of one operator: `before` was recorded just before it launched, `after` just
+// before the next operator did, both while the GPU was still busy with earlier work.
+struct Sample {
+  void* before;
+  void* after;
+  OpCost* op;
+  c10::DeviceIndex device;
 };
 
 struct Pending {
   void* event;
-  uint64_t begin;  // launch count when the previous event was recorded
-  uint64_t mark;   // launch count when this one was
+  uint64_t begin;       // launch count when the previous event was recorded
+  uint64_t mark;        // launch count when this one was
+  uint64_t begin_work;  // estimated work (ns) launched when the previous event was recorded
+  uint64_t mark_work;   // ... when this one was
   c10::Stream stream;
   // The previous event was still pending when this one was recorded: the GPU had work queued
   // on the stream all through this segment, so the time between the two is GPU time. A segment
@@ -215,6 +246,13 @@ struct GateState {
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> launches{0};
   std::atomic<uint64_t> next_mark{0};
+  std::atomic<uint64_t> work_ns{0};  // estimated GPU time of everything launched so far
+  std::atomic<uint64_t> next_work_mark{std::numeric_limits<uint64_t>::max()};
+  std::atomic<uint64_t> default_cost_ns{0};  // for operators not timed yet: the average launch
+  std::atomic<bool> sample_open{false};
+  std::atomic<uint64_t> samples_taken{0};
+  std::atomic<uint64_t> samples_dropped{0};
+  OpCost costs[kCostSlots];
   std::atomic<uint64_t> waits{0};
   std::atomic<uint64_t> wait_ns{0};
   std::atomic<uint64_t> bound_waits{0};
@@ -232,8 +270,14 @@ struct GateState {
   std::deque<Pending> fifo;
   std::vector<std::pair<c10::DeviceIndex, void*>> free_events;
   bool have_done = false;
-  Pending done{nullptr, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
+  Pending done{nullptr, 0, 0, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
   double ns_per_launch = 0.0;  // learned GPU time per launch, 0 = unknown
+  double window_ns = 0.0;      // the bound on estimated work in flight, last computed
+  // the operator being timed: its `before` event and stream (sample_open says there is one)
+  void* sample_before = nullptr;
+  OpCost* sample_op = nullptr;
+  c10::Stream sample_stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  std::deque<Sample> samples;  // timings waiting for their `after` event
   std::vector<KnownStream> streams;
   std::string error;
 
@@ -362,6 +406,8 @@ void retire_front(GateState* g) {
     if (ms >= 0.0) {
       double per = ms * 1e6 / static_cast<double>(p.mark - g->done.mark);
       g->ns_per_launch = g->ns_per_launch <= 0.0 ? per : 0.8 * g->ns_per_launch + 0.2 * per;
+      g->default_cost_ns.store(static_cast<uint64_t>(g->ns_per_launch),
+                               std::memory_order_relaxed);
     }
   }
   if (g->have_done) {
@@ -371,10 +417,37 @@ void retire_front(GateState* g) {
   g->have_done = true;
 }
 
+// Learns from the operator timings whose `after` event completed.
+void take_samples(GateState* g) {
+  while (!g->samples.empty() && g->impl->queryEvent(g->samples.front().after)) {
+    const Sample smp = g->samples.front();
+    g->samples.pop_front();
+    double ms = -1.0;
+    try {
+      ms = elapsed_ms(g->impl, smp.before, smp.after, smp.device);
+    } catch (const std::exception&) {
+      ms = -1.0;
+    }
+    if (ms >= 0.0) {
+      const double fresh = std::min(ms * 1e6, 4.0e9);
+      const uint32_t old = smp.op->ns.load(std::memory_order_relaxed);
+      const double blended = old == 0 ? fresh : 0.75 * old + 0.25 * fresh;
+      // 0 means "not learned": an operator that launches nothing costs 1 ns
+      smp.op->ns.store(std::max<uint32_t>(1, static_cast<uint32_t>(blended)),
+                       std::memory_order_relaxed);
+      smp.op->samples.fetch_add(1, std::memory_order_relaxed);
+      g->samples_taken.fetch_add(1, std::memory_order_relaxed);
+    }
+    give_event(g, smp.before, smp.device);
+    give_event(g, smp.after, smp.device);
+  }
+}
+
 void reap(GateState* g) {
   while (!g->fifo.empty() && g->impl->queryEvent(g->fifo.front().event)) {
     retire_front(g);
   }
+  take_samples(g);
 }
 
 void wait_event(GateState* g, void* ev, MaybeNoGil& nogil) {
@@ -422,6 +495,104 @@ bool tails_done(GateState* g) {
     }
   }
   return true;
+}
+
+// --- per-operator cost ----------------------------------------------------------------------------
+// The name's hash (FNV-1a), never 0. Names are hashed by content: an operator's name pointer is
+// stable, but a scope named by a string owns its copy and the address is reused.
+inline uint64_t name_key(const char* name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = name; *c != '\0'; ++c) {
+    h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// The name's slot, claimed on first sight; null if the table has no room near its hash.
+OpCost* find_cost(GateState* g, const char* name) {
+  const uint64_t key = name_key(name);
+  size_t i = static_cast<size_t>(key) & (kCostSlots - 1);
+  for (size_t probe = 0; probe < kCostProbes; ++probe, i = (i + 1) & (kCostSlots - 1)) {
+    OpCost& slot = g->costs[i];
+    uint64_t seen = slot.key.load(std::memory_order_acquire);
+    if (seen == key) {
+      return &slot;
+    }
+    if (seen == 0) {
+      if (slot.key.compare_exchange_strong(seen, key, std::memory_order_acq_rel)) {
+        std::strncpy(slot.name, name, kCostNameLen - 1);
+        slot.named.store(true, std::memory_order_release);
+        return &slot;
+      }
+      if (seen == key) {
+        return &slot;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// Whether to time this call of the operator: the first calls until four timings succeeded,
+// then one call in 256 (costs drift little).
+inline bool sample_due(OpCost* op) {
+  const uint32_t calls = op->calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (calls <= 64 && op->samples.load(std::memory_order_relaxed) < 4) || (calls & 255) == 0;
+}
+
+// Records the event before the operator about to launch; the next operator closes the timing.
+void start_sample(GateState* g, OpCost* op) {
+  std::unique_lock<std::mutex> lock(g->mu, std::try_to_lock);
+  if (!lock.owns_lock() || g->sample_op != nullptr || !device_usable(g)) {
+    return;  // busy: another call will do
+  }
+  try {
+    const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+    if (stream_capturing(g->impl, stream)) {
+      return;
+    }
+    void* ev = take_event(g, stream.device_index());
+    g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
+    g->sample_before = ev;
+    g->sample_op = op;
+    g->sample_stream = stream;
+    g->sample_open.store(true, std::memory_order_release);
+  } catch (const std::exception& e) {
+    note_error(g, "sample", e);
+  }
+}
+
+// Closes the open timing before the next operator launches. It counts only if the GPU had not
+// reached the `before` event yet: then everything between the two events runs back to back
+// and their distance is the operator's own GPU time, idle gaps excluded.
+void finish_sample(GateState* g) {
+  MaybeNoGil nogil;
+  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
+  if (!lock.try_lock()) {
+    nogil.release();
+    lock.lock();
+  }
+  if (g->sample_op == nullptr) {
+    return;  // another thread closed it
+  }
+  void* before = g->sample_before;
+  OpCost* op = g->sample_op;
+  const c10::Stream stream = g->sample_stream;
+  g->sample_before = nullptr;
+  g->sample_op = nullptr;
+  g->sample_open.store(false, std::memory_order_release);
+  try {
+    const bool same_stream = g->impl->getStream(g->impl->getDevice()) == stream;
+    if (same_stream && !stream_capturing(g->impl, stream) && !g->impl->queryEvent(before)) {
+      void* after = take_event(g, stream.device_index());
+      g->impl->record(&after, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
+      g->samples.push_back(Sample{before, after, op, stream.device_index()});
+      return;
+    }
+    g->samples_dropped.fetch_add(1, std::memory_order_relaxed);
+    give_event(g, before, stream.device_index());
+  } catch (const std::exception& e) {
+    note_error(g, "sample", e);
+  }
 }
 
 // --- slow paths -------------------------------------------------------------------------------
@@ -485,16 +656,19 @@ void mark_active(GateState* g) {
   }
 }
 
-// Every `segment` launches: record an event, retire completed ones, enforce the window.
-// `force`: run even if another thread already took this segment (to learn the stream now).
-void segment(GateState* g, uint64_t n, bool force) {
+// Every `segment` launches or half window of work: record an event, retire completed ones,
+// enforce the window. `n`: launches so far, this one included; `work`: estimated work launched
+// before this one; `cost`: this one's. `force`: run even if another thread already took this
+// segment (to learn the stream now).
+void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force) {
   MaybeNoGil nogil;
   std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
   if (!lock.try_lock()) {
     nogil.release();
     lock.lock();
   }
-  if (!force && n < g->next_mark.load(std::memory_order_relaxed)) {
+  if (!force && n < g->next_mark.load(std::memory_order_relaxed) &&
+      work + cost < g->next_work_mark.load(std::memory_order_relaxed)) {
     return;  // another thread took this segment
   }
   const int64_t now = now_ns();
@@ -521,12 +695,15 @@ void segment(GateState* g, uint64_t n, bool force) {
     if (!g->cfg.bound) {
       return;
     }
-    const uint64_t begin = g->fifo.empty() ? (g->have_done ? g->done.mark : n) : g->fifo.back().mark;
+    const bool first = g->fifo.empty();
+    const uint64_t begin = first ? (g->have_done ? g->done.mark : n) : g->fifo.back().mark;
+    const uint64_t begin_work =
+        first ? (g->have_done ? g->done.mark_work : work) : g->fifo.back().mark_work;
     void* ev = take_event(g, stream.device_index());
     g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
     const bool backlogged = !g->fifo.empty() && g->fifo.back().stream == stream &&
                             !g->impl->queryEvent(g->fifo.back().event);
-    g->fifo.push_back(Pending{ev, begin, n, stream, backlogged});
+    g->fifo.push_back(Pending{ev, begin, n, begin_work, work, stream, backlogged});
     g->events_recorded.fetch_add(1, std::memory_order_relaxed);
     reap(g);
 
@@ -538,23 +715,29 @@ void segment(GateState* g, uint64_t n, bool force) {
       const double share_ms = share_us / 1000.0;
       window_ms = window_ms > 0.0 ? std::min(window_ms, share_ms) : share_ms;
     }
+    // The bound in time applies to the estimated work (each operator at its own learned cost,
+    // untimed ones at the average), checked every half window of it so that it holds at the
+    // granularity it asks for while the GPU always has the other half queued.
+    const bool by_time = window_ms > 0.0 && g->ns_per_launch > 0.0;
+    const uint64_t window_ns = by_time ? static_cast<uint64_t>(window_ms * 1e6) : 0;
+    g->window_ns = static_cast<double>(window_ns);
+    g->next_work_mark.store(by_time ? work + cost + std::max<uint64_t>(1, window_ns / 2)
+                                    : std::numeric_limits<uint64_t>::max(),
+                            std::memory_order_relaxed);
+    // published in launches at the average cost, as the daemon and `status` show it
     uint64_t window = by_count;
-    if (window_ms > 0.0 && g->ns_per_launch > 0.0) {
-      const double by_time = window_ms * 1e6 / g->ns_per_launch;
-      if (by_time < static_cast<double>(window)) {
-        window = static_cast<uint64_t>(by_time);
-      }
-    }
-    if (tight && window / 2 < g->cfg.tight_segment) {
-      // a window of few (long) launches: record events more often so the bound holds at the
-      // granularity it asks for, and the GPU always has the other half queued
-      g->next_mark.store(n + std::max<uint64_t>(1, window / 2), std::memory_order_relaxed);
+    if (by_time && window_ms * 1e6 / g->ns_per_launch < static_cast<double>(window)) {
+      window = static_cast<uint64_t>(window_ms * 1e6 / g->ns_per_launch);
     }
     g->window.store(static_cast<uint32_t>(std::min<uint64_t>(window, UINT32_MAX)),
                     std::memory_order_relaxed);
     store32(g->ctl, kOffWindow, g->window.load(std::memory_order_relaxed));
+    const uint64_t after = work + cost;  // the estimated work once this operator is launched
+    auto over = [&](const Pending& front) {
+      return n - front.begin > by_count || (by_time && after - front.begin_work > window_ns);
+    };
     int64_t waited_from = 0;
-    while (!g->fifo.empty() && n - g->fifo.front().begin > window) {
+    while (!g->fifo.empty() && over(g->fifo.front())) {
       if (waited_from == 0) {
         waited_from = now_ns();
       }
@@ -570,11 +753,15 @@ void segment(GateState* g, uint64_t n, bool force) {
   }
 }
 
-inline void before_launch(GateState* g) {
+// `name`: the operator's, or null for work RecordFunction does not see (graph replays).
+inline void before_launch(GateState* g, const char* name) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
   if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0 ||
                    watched_active(g->watch.load(std::memory_order_acquire)))) {
     wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true);
+  }
+  if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
+    finish_sample(g);  // the previous operator was being timed: this one ends its span
   }
   if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
     const uint32_t* task_word = tls_task_word;
@@ -588,20 +775,29 @@ inline void before_launch(GateState* g) {
       return;
     }
   }
+  OpCost* op = name != nullptr && g->cfg.op_costs ? find_cost(g, name) : nullptr;
+  uint64_t cost = op != nullptr ? op->ns.load(std::memory_order_relaxed) : 0;
+  if (cost == 0) {
+    cost = g->default_cost_ns.load(std::memory_order_relaxed);
+  }
+  const uint64_t work = g->work_ns.fetch_add(cost, std::memory_order_relaxed);
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
     mark_active(g);
-    segment(g, n, true);  // learn the stream now: a short burst may never reach a segment boundary
-    return;
+    // learn the stream now: a short burst may never reach a segment boundary
+    segment(g, n, work, cost, true);
+  } else if (C10_UNLIKELY(n >= g->next_mark.load(std::memory_order_relaxed) ||
+                          work + cost >= g->next_work_mark.load(std::memory_order_relaxed))) {
+    segment(g, n, work, cost, false);
   }
-  if (C10_UNLIKELY(n >= g->next_mark.load(std::memory_order_relaxed))) {
-    segment(g, n, false);
+  if (op != nullptr && C10_UNLIKELY(sample_due(op)) && g->cfg.bound) {
+    start_sample(g, op);
   }
 }
 
-std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& /*fn*/) {
+std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
   GateState* g = g_gate.load(std::memory_order_acquire);
   if (C10_LIKELY(g != nullptr) && !g_in_child.load(std::memory_order_relaxed)) {
-    before_launch(g);
+    before_launch(g, fn.name());
   }
   return nullptr;
 }
@@ -698,7 +894,8 @@ void after_fork_in_child() {
 void install(uintptr_t control_address, int doorbell, bool bound, bool auto_activity,
              uint64_t tight_segment, uint64_t open_segment, uint64_t tight_launches,
              uint64_t open_launches, double tight_window_ms, double open_window_ms,
-             double hold_ms, int mode, double idle_grace_ms, double poll_us, bool device_live) {
+             double hold_ms, int mode, double idle_grace_ms, double poll_us, bool device_live,
+             bool op_costs) {
   if (g_gate.load() != nullptr) {
     throw std::runtime_error("the launch gate is already installed in this process");
   }
@@ -718,6 +915,7 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
   g->cfg.mode = mode;
   g->cfg.idle_grace_ms = idle_grace_ms;
   g->cfg.poll_us = poll_us;
+  g->cfg.op_costs = op_costs;
   g->ctl = reinterpret_cast<uint8_t*>(control_address);
   g->doorbell = doorbell;
   if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
@@ -778,6 +976,11 @@ void uninstall() {
         }
       };
       for (auto& p : g->fifo) destroy(p.event, p.stream.device_index());
+      for (auto& smp : g->samples) {
+        destroy(smp.before, smp.device);
+        destroy(smp.after, smp.device);
+      }
+      if (g->sample_op != nullptr) destroy(g->sample_before, g->sample_stream.device_index());
       for (auto& e : g->free_events) destroy(e.second, e.first);
       for (auto& k : g->streams) destroy(k.tail, k.stream.device_index());
       if (g->have_done) destroy(g->done.event, g->done.stream.device_index());
@@ -786,6 +989,10 @@ void uninstall() {
     }
   }
   g->fifo.clear();
+  g->samples.clear();
+  g->sample_op = nullptr;
+  g->sample_before = nullptr;
+  g->sample_open.store(false);
   g->free_events.clear();
   g->streams.clear();
   g->have_done = false;
@@ -842,6 +1049,7 @@ py::dict stats() {
   size_t in_flight = 0;
   size_t streams = 0;
   double ns_per_launch = 0.0;
+  double window_ns = 0.0;
   std::string error;
   if (!g_in_child.load()) {
     py::gil_scoped_release nogil;
@@ -849,11 +1057,24 @@ py::dict stats() {
     in_flight = g->fifo.size();
     streams = g->streams.size();
     ns_per_launch = g->ns_per_launch;
+    window_ns = g->window_ns;
     error = g->error;
   }
   d["events_in_flight"] = in_flight;
   d["streams"] = streams;
   d["us_per_launch"] = ns_per_launch / 1e3;
+  d["window_us"] = window_ns / 1e3;
+  d["work_seconds"] = static_cast<double>(g->work_ns.load()) / 1e9;
+  d["samples_taken"] = g->samples_taken.load();
+  d["samples_dropped"] = g->samples_dropped.load();
+  py::list costs;  // the learned per-operator costs: name, calls, us per call, timings
+  for (const OpCost& op : g->costs) {
+    if (op.key.load() != 0 && op.named.load(std::memory_order_acquire)) {
+      costs.append(py::make_tuple(std::string(op.name), op.calls.load(), op.ns.load() / 1e3,
+                                  op.samples.load()));
+    }
+  }
+  d["op_costs"] = costs;
   d["error"] = error.empty() ? py::object(py::none()) : py::object(py::str(error));
   d["forked_child"] = g_in_child.load();
   return d;
@@ -889,7 +1110,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // for launches RecordFunction does not see (CUDA graph replays)
     GateState* g = g_gate.load();
     if (g != nullptr && !g_in_child.load()) {
-      before_launch(g);
+      before_launch(g, "gpreempt::graph_replay");
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
