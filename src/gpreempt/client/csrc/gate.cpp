@@ -201,18 +201,23 @@ struct OpCost {
   std::atomic<uint64_t> key{0};      // hash of the name, 0 = free slot
   std::atomic<uint32_t> ns{0};       // learned GPU time per call, 0 = not learned yet
   std::atomic<uint32_t> calls{0};
-  std::atomic<uint32_t> samples{0};  // valid timings so far
+  std::atomic<uint32_t> samples{0};  // exact timings so far
+  std::atomic<uint32_t> bounds{0};   // timings that are only upper bounds
   std::atomic<bool> named{false};
   char name[kCostNameLen] = {};
 };
 
 // A timing of one operator: `before` was recorded just before it launched, `after` just
-// before the next operator did, both while the GPU was still busy with earlier work.
+// before the next operator did. `exact`: the GPU had not reached `before` yet when `after` was
+// recorded, so the operator's kernels ran back to back between them and their distance is its
+// own GPU time. Otherwise the GPU may have idled between the operator's end and the next launch,
+// and the distance is only an upper bound.
 struct Sample {
   void* before;
   void* after;
   OpCost* op;
   c10::DeviceIndex device;
+  bool exact;
 };
 
 struct Pending {
@@ -429,13 +434,25 @@ void take_samples(GateState* g) {
       ms = -1.0;
     }
     if (ms >= 0.0) {
-      const double fresh = std::min(ms * 1e6, 4.0e9);
-      const uint32_t old = smp.op->ns.load(std::memory_order_relaxed);
-      const double blended = old == 0 ? fresh : 0.75 * old + 0.25 * fresh;
       // 0 means "not learned": an operator that launches nothing costs 1 ns
-      smp.op->ns.store(std::max<uint32_t>(1, static_cast<uint32_t>(blended)),
-                       std::memory_order_relaxed);
-      smp.op->samples.fetch_add(1, std::memory_order_relaxed);
+      const uint32_t fresh = std::max<uint32_t>(1, static_cast<uint32_t>(std::min(ms * 1e6, 4e9)));
+      const uint32_t old = smp.op->ns.load(std::memory_order_relaxed);
+      const bool had_exact = smp.op->samples.load(std::memory_order_relaxed) > 0;
+      uint32_t cost = old;
+      if (smp.exact) {
+        // exact timings average; the first replaces whatever bound stood in for it
+        cost = had_exact ? static_cast<uint32_t>(0.75 * old + 0.25 * fresh) : fresh;
+        smp.op->samples.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        // an upper bound stands in (the tightest seen) until an exact timing comes: an
+        // operator launched only onto an empty queue (one longer than the window is) is never
+        // timed exactly, and is better counted a little too long than at the average
+        if (!had_exact) {
+          cost = old == 0 ? fresh : std::min(old, fresh);
+        }
+        smp.op->bounds.fetch_add(1, std::memory_order_relaxed);
+      }
+      smp.op->ns.store(std::max<uint32_t>(1, cost), std::memory_order_relaxed);
       g->samples_taken.fetch_add(1, std::memory_order_relaxed);
     }
     give_event(g, smp.before, smp.device);
@@ -532,7 +549,7 @@ OpCost* find_cost(GateState* g, const char* name) {
   return nullptr;
 }
 
-// Whether to time this call of the operator: the first calls until four timings succeeded,
+// Whether to time this call of the operator: the first calls until four exact timings came,
 // then one call in 256 (costs drift little).
 inline bool sample_due(OpCost* op) {
   const uint32_t calls = op->calls.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -561,9 +578,7 @@ void start_sample(GateState* g, OpCost* op) {
   }
 }
 
-// Closes the open timing before the next operator launches. It counts only if the GPU had not
-// reached the `before` event yet: then everything between the two events runs back to back
-// and their distance is the operator's own GPU time, idle gaps excluded.
+// Closes the open timing before the next operator launches (see Sample for what it measures).
 void finish_sample(GateState* g) {
   MaybeNoGil nogil;
   std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
@@ -582,10 +597,11 @@ void finish_sample(GateState* g) {
   g->sample_open.store(false, std::memory_order_release);
   try {
     const bool same_stream = g->impl->getStream(g->impl->getDevice()) == stream;
-    if (same_stream && !stream_capturing(g->impl, stream) && !g->impl->queryEvent(before)) {
+    if (same_stream && !stream_capturing(g->impl, stream)) {
+      const bool exact = !g->impl->queryEvent(before);
       void* after = take_event(g, stream.device_index());
       g->impl->record(&after, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
-      g->samples.push_back(Sample{before, after, op, stream.device_index()});
+      g->samples.push_back(Sample{before, after, op, stream.device_index(), exact});
       return;
     }
     g->samples_dropped.fetch_add(1, std::memory_order_relaxed);
@@ -718,7 +734,7 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
     // The bound in time applies to the estimated work (each operator at its own learned cost,
     // untimed ones at the average), checked every half window of it so that it holds at the
     // granularity it asks for while the GPU always has the other half queued.
-    const bool by_time = window_ms > 0.0 && g->ns_per_launch > 0.0;
+    const bool by_time = window_ms > 0.0;  // untimed operators count 0 until an average is known
     const uint64_t window_ns = by_time ? static_cast<uint64_t>(window_ms * 1e6) : 0;
     g->window_ns = static_cast<double>(window_ns);
     g->next_work_mark.store(by_time ? work + cost + std::max<uint64_t>(1, window_ns / 2)
@@ -726,7 +742,8 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
                             std::memory_order_relaxed);
     // published in launches at the average cost, as the daemon and `status` show it
     uint64_t window = by_count;
-    if (by_time && window_ms * 1e6 / g->ns_per_launch < static_cast<double>(window)) {
+    if (by_time && g->ns_per_launch > 0.0 &&
+        window_ms * 1e6 / g->ns_per_launch < static_cast<double>(window)) {
       window = static_cast<uint64_t>(window_ms * 1e6 / g->ns_per_launch);
     }
     g->window.store(static_cast<uint32_t>(std::min<uint64_t>(window, UINT32_MAX)),
@@ -1067,11 +1084,12 @@ py::dict stats() {
   d["work_seconds"] = static_cast<double>(g->work_ns.load()) / 1e9;
   d["samples_taken"] = g->samples_taken.load();
   d["samples_dropped"] = g->samples_dropped.load();
-  py::list costs;  // the learned per-operator costs: name, calls, us per call, timings
+  // the learned per-operator costs: name, calls, us per call, exact timings, upper bounds
+  py::list costs;
   for (const OpCost& op : g->costs) {
     if (op.key.load() != 0 && op.named.load(std::memory_order_acquire)) {
       costs.append(py::make_tuple(std::string(op.name), op.calls.load(), op.ns.load() / 1e3,
-                                  op.samples.load()));
+                                  op.samples.load(), op.bounds.load()));
     }
   }
   d["op_costs"] = costs;
