@@ -60,7 +60,10 @@ def test_bound_records_events_and_limits_work_in_flight(control):
     assert stats["error"] is None
     assert stats["events_recorded"] > 50
     assert stats["bound_waits"] > 0
-    assert stats["us_per_launch"] > 0
+    # the GPU time it counts: the average per launch, or (with so few launches in flight that
+    # the queue rarely stays full through a segment) the operators' own timings
+    costs = {name: us for name, _calls, us, _exact, _bounds in stats["op_costs"]}
+    assert stats["us_per_launch"] > 0 or costs["aten::mm"] > 0
     assert control.stats().window == stats["window"]
 
 
