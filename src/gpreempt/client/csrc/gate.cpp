@@ -12,8 +12,9 @@
 //     event on the current stream, retire completed events (learning the average GPU time per
 //     launch from their timestamps), and if the work in flight exceeds the window, wait for the
 //     oldest event;
-//   * now and then, an operator is timed on its own: an event before it and one before the
-//     next operator. Each operator adds its own learned GPU time to the work in flight, so a
+//   * now and then, an operator is timed on its own: an event before it and one when it ends
+//     or the next operator (a nested one included) begins, whichever comes first. Each operator
+//     adds its own learned GPU time to the work in flight, so a
 //     few long ones (an optimizer's _foreach_ updates over every parameter) cannot fill the
 //     GPU for milliseconds behind a window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
@@ -207,11 +208,11 @@ struct OpCost {
   char name[kCostNameLen] = {};
 };
 
-// A timing of one operator: `before` was recorded just before it launched, `after` just
-// before the next operator did. `exact`: the GPU had not reached `before` yet when `after` was
+// A timing of one operator: `before` was recorded just before it launched, `after` as it ended
+// or the next operator began. `exact`: the GPU had not reached `before` yet when `after` was
 // recorded, so the operator's kernels ran back to back between them and their distance is its
-// own GPU time. Otherwise the GPU may have idled between the operator's end and the next launch,
-// and the distance is only an upper bound.
+// own GPU time. Otherwise the GPU may have idled while the CPU launched them, and the distance
+// is only an upper bound (by a kernel launch's latency, for most operators).
 struct Sample {
   void* before;
   void* after;
@@ -282,6 +283,7 @@ struct GateState {
   void* sample_before = nullptr;
   OpCost* sample_op = nullptr;
   c10::Stream sample_stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  std::atomic<pthread_t> sample_thread{};  // the thread that launches the operator being timed
   std::deque<Sample> samples;  // timings waiting for their `after` event
   std::vector<KnownStream> streams;
   std::string error;
@@ -572,6 +574,7 @@ void start_sample(GateState* g, OpCost* op) {
     g->sample_before = ev;
     g->sample_op = op;
     g->sample_stream = stream;
+    g->sample_thread.store(pthread_self(), std::memory_order_relaxed);
     g->sample_open.store(true, std::memory_order_release);
   } catch (const std::exception& e) {
     note_error(g, "sample", e);
@@ -819,6 +822,17 @@ std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// An operator ended: if it is the one being timed (no nested operator began meanwhile), its
+// timing ends here rather than at the next operator, after whatever the caller does between.
+void on_operator_end(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
+  GateState* g = g_gate.load(std::memory_order_acquire);
+  if (C10_LIKELY(g != nullptr) && C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire)) &&
+      !g_in_child.load(std::memory_order_relaxed) &&
+      pthread_equal(g->sample_thread.load(std::memory_order_relaxed), pthread_self())) {
+    finish_sample(g);
+  }
+}
+
 // --- automatic activity: the background thread that notices idleness ----------------------------
 void activity_loop(GateState* g) {
   const int64_t grace = static_cast<int64_t>(g->cfg.idle_grace_ms * 1e6);
@@ -951,7 +965,7 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
     g_atfork_registered = true;
   }
   g_gate.store(g, std::memory_order_release);
-  g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_operator)
+  g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_operator, on_operator_end)
                                        .needsInputs(false)
                                        .needsOutputs(false)
                                        .needsIds(false)
