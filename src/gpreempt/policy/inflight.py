@@ -12,7 +12,7 @@ from __future__ import annotations
 from .snapshot import Snapshot
 
 #: GPU time (ms) that the preemptible tasks of one GPU keep in flight together, by default.
-DEFAULT_BUDGET_MS = 0.75
+DEFAULT_BUDGET_MS = 1.0
 
 
 def inflight_shares(snapshot: Snapshot, budget_ms: float = DEFAULT_BUDGET_MS) -> dict[int, float]:
