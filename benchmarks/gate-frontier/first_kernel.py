@@ -1,7 +1,7 @@
 """How long a high-priority process's first kernel waits behind gated trainers.
 
     python3 benchmarks/gate-frontier/first_kernel.py --out OUT.json [--trainers 0,1,3]
-        [--prep-ms 0,1] [--budgets 0.75] [--serve-args "--no-watch"]
+        [--prep-ms 0,1] [--budgets 1.0] [--serve-args "--no-watch"]
 
 For each number of trainers (Case-B Transformer training, `gpreempt run --priority low
 --mechanism gate`), a high-priority prober (`gpreempt run --priority high`) times, many times
@@ -37,6 +37,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / "src"))
+
+from gpreempt.policy.inflight import DEFAULT_BUDGET_MS  # noqa: E402
 
 
 def _env(runtime: Path) -> dict[str, str]:
@@ -235,7 +238,9 @@ def main() -> None:
     parser.add_argument("--prep-ms", default="0,0.5,1", help="CPU preparation after the hint")
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument(
-        "--budgets", default="0.75", help="daemon in-flight budgets, ms per GPU (default 0.75)"
+        "--budgets",
+        default=f"{DEFAULT_BUDGET_MS:g}",
+        help=f"daemon in-flight budgets, ms per GPU (default {DEFAULT_BUDGET_MS:g}, the daemon's)",
     )
     parser.add_argument("--serve-args", default="", help="more options for `gpreempt serve`")
     parser.set_defaults(fn=run)

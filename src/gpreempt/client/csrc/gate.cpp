@@ -1,10 +1,11 @@
 // The in-process launch gate of gpreempt: a global RecordFunction callback that runs before
 // every PyTorch operator of the process.
 //
-// Per operator (the fast path) it does one atomic add and a few plain loads: the process's
-// launch counter, the control block's gate_closed word, the activity flag and, where the daemon
-// sent some, the activity words of the tasks that outrank this one (a read-only view of their
-// control blocks: the gate stops by itself while one of them is active). No syscall, no lock.
+// Per operator (the fast path) it does a few atomic adds and plain loads: the process's launch
+// counter, the estimated work in flight, the operator's cost slot (found by a hash of its name),
+// the control block's gate_closed word, the activity flag and, where the daemon sent some, the
+// activity words of the tasks that outrank this one (a read-only view of their control blocks:
+// the gate stops by itself while one of them is active). No syscall, no lock.
 // Everything else happens on rare slow paths:
 //   * the gate is closed: wait (spin briefly, then sleep on the word, woken by the daemon or
 //     the next poll) until the daemon opens it;
@@ -14,9 +15,9 @@
 //     oldest event;
 //   * now and then, an operator is timed on its own: an event before it and one when it ends
 //     or the next operator (a nested one included) begins, whichever comes first. Each operator
-//     adds its own learned GPU time to the work in flight, so a
-//     few long ones (an optimizer's _foreach_ updates over every parameter) cannot fill the
-//     GPU for milliseconds behind a window that counts them at the average cost;
+//     adds its own learned GPU time to the work in flight, so a few long ones (an optimizer's
+//     _foreach_ updates over every parameter) cannot fill the GPU for milliseconds behind a
+//     window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
 //     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time.
 //
