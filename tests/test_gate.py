@@ -316,6 +316,13 @@ def test_config_precedence_and_validation(monkeypatch):
     monkeypatch.delenv("GPREEMPT_GATE_K")
     with pytest.raises(UsageError, match="mode"):
         resolve_config(bound=True, auto_activity=False, mode="fast")
+    assert resolve_config(bound=True, auto_activity=False).op_costs
+    monkeypatch.setenv("GPREEMPT_GATE_OP_COSTS", "0")
+    assert not resolve_config(bound=True, auto_activity=False).op_costs
+    assert resolve_config(bound=True, auto_activity=False, op_costs=True).op_costs
+    monkeypatch.setenv("GPREEMPT_GATE_OP_COSTS", "sometimes")
+    with pytest.raises(UsageError, match="GPREEMPT_GATE_OP_COSTS"):
+        resolve_config(bound=True, auto_activity=False)
 
 
 def test_env_forces_python_fallback(control, monkeypatch):

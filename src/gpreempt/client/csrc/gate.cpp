@@ -559,7 +559,8 @@ inline bool sample_due(OpCost* op) {
   return (calls <= 64 && op->samples.load(std::memory_order_relaxed) < 4) || (calls & 255) == 0;
 }
 
-// Records the event before the operator about to launch; the next operator closes the timing.
+// Records the event before the operator about to launch; its end, or the next operator's
+// start, closes the timing.
 void start_sample(GateState* g, OpCost* op) {
   std::unique_lock<std::mutex> lock(g->mu, std::try_to_lock);
   if (!lock.owns_lock() || g->sample_op != nullptr || !device_usable(g)) {
@@ -582,7 +583,8 @@ void start_sample(GateState* g, OpCost* op) {
   }
 }
 
-// Closes the open timing before the next operator launches (see Sample for what it measures).
+// Closes the open timing as its operator ends or before the next one launches (see Sample for
+// what it measures).
 void finish_sample(GateState* g) {
   MaybeNoGil nogil;
   std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
