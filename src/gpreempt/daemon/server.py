@@ -592,7 +592,7 @@ class Daemon:
                 self._persist()
                 self._publish_states()
         self._share_inflight_budget(snapshot)
-        self._update_watches()
+        self._update_watches(snapshot)
         self.backstop.apply(now)
         due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
@@ -609,9 +609,10 @@ class Daemon:
                 for control in task.controls.values():
                     control.set_window_share(share)
 
-    def _update_watches(self, force: bool = False) -> None:
+    def _update_watches(self, snapshot: Snapshot | None = None, force: bool = False) -> None:
         """Send each gated connection the control blocks of the tasks that outrank it, when
-        that set changes: read-only, and only between tasks of the same user."""
+        that set changes: read-only, and only between tasks of the same user. ``snapshot``:
+        the registry's, if the caller just took one."""
         tasks = self.registry.tasks.values()
         signature = tuple(
             (t.task_id, t.priority, t.gpus, t.held, t.uid, tuple(t.controls)) for t in tasks
@@ -619,7 +620,10 @@ class Daemon:
         if signature == self._watch_signature and not force:
             return
         self._watch_signature = signature
-        lists = watch_lists(self.snapshot(time.monotonic())) if self.watch else {}
+        if not self.watch:
+            lists: dict[int, frozenset[int]] = {}
+        else:
+            lists = watch_lists(snapshot or self.snapshot(time.monotonic()))
         for peer in list(self.peers.values()):
             low = self.registry.tasks.get(peer.channel_task or -1)
             if not peer.channel_ready or low is None:

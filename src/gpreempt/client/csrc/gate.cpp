@@ -255,9 +255,10 @@ struct GateState {
   std::atomic<uint64_t> next_mark{0};
   std::atomic<uint64_t> work_ns{0};  // estimated GPU time of everything launched so far
   std::atomic<uint64_t> next_work_mark{std::numeric_limits<uint64_t>::max()};
-  std::atomic<uint64_t> default_cost_ns{0};  // for operators not timed yet: the average launch
+  // learned GPU time per launch (0 = unknown), the cost of operators not timed yet; written
+  // under mu, read by the per-launch path
+  std::atomic<double> ns_per_launch{0.0};
   std::atomic<bool> sample_open{false};
-  std::atomic<uint64_t> samples_taken{0};
   std::atomic<uint64_t> samples_dropped{0};
   OpCost costs[kCostSlots];
   std::atomic<uint64_t> waits{0};
@@ -278,7 +279,6 @@ struct GateState {
   std::vector<std::pair<c10::DeviceIndex, void*>> free_events;
   bool have_done = false;
   Pending done{nullptr, 0, 0, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
-  double ns_per_launch = 0.0;  // learned GPU time per launch, 0 = unknown
   double window_ns = 0.0;      // the bound on estimated work in flight, last computed
   // the operator being timed: its `before` event and stream (sample_open says there is one)
   void* sample_before = nullptr;
@@ -413,9 +413,9 @@ void retire_front(GateState* g) {
     }
     if (ms >= 0.0) {
       double per = ms * 1e6 / static_cast<double>(p.mark - g->done.mark);
-      g->ns_per_launch = g->ns_per_launch <= 0.0 ? per : 0.8 * g->ns_per_launch + 0.2 * per;
-      g->default_cost_ns.store(static_cast<uint64_t>(g->ns_per_launch),
-                               std::memory_order_relaxed);
+      const double old = g->ns_per_launch.load(std::memory_order_relaxed);
+      g->ns_per_launch.store(old <= 0.0 ? per : 0.8 * old + 0.2 * per,
+                             std::memory_order_relaxed);
     }
   }
   if (g->have_done) {
@@ -456,7 +456,6 @@ void take_samples(GateState* g) {
         smp.op->bounds.fetch_add(1, std::memory_order_relaxed);
       }
       smp.op->ns.store(std::max<uint32_t>(1, cost), std::memory_order_relaxed);
-      g->samples_taken.fetch_add(1, std::memory_order_relaxed);
     }
     give_event(g, smp.before, smp.device);
     give_event(g, smp.after, smp.device);
@@ -748,9 +747,9 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
                             std::memory_order_relaxed);
     // published in launches at the average cost, as the daemon and `status` show it
     uint64_t window = by_count;
-    if (by_time && g->ns_per_launch > 0.0 &&
-        window_ms * 1e6 / g->ns_per_launch < static_cast<double>(window)) {
-      window = static_cast<uint64_t>(window_ms * 1e6 / g->ns_per_launch);
+    const double per_launch = g->ns_per_launch.load(std::memory_order_relaxed);
+    if (by_time && per_launch > 0.0 && window_ms * 1e6 / per_launch < static_cast<double>(window)) {
+      window = static_cast<uint64_t>(window_ms * 1e6 / per_launch);
     }
     g->window.store(static_cast<uint32_t>(std::min<uint64_t>(window, UINT32_MAX)),
                     std::memory_order_relaxed);
@@ -798,10 +797,11 @@ inline void before_launch(GateState* g, const char* name) {
       return;
     }
   }
-  OpCost* op = name != nullptr && g->cfg.op_costs ? find_cost(g, name) : nullptr;
+  // costs matter only to a bounded gate: an unbounded one (a task that preempts) skips them
+  OpCost* op = name != nullptr && g->cfg.op_costs && g->cfg.bound ? find_cost(g, name) : nullptr;
   uint64_t cost = op != nullptr ? op->ns.load(std::memory_order_relaxed) : 0;
   if (cost == 0) {
-    cost = g->default_cost_ns.load(std::memory_order_relaxed);
+    cost = static_cast<uint64_t>(g->ns_per_launch.load(std::memory_order_relaxed));
   }
   const uint64_t work = g->work_ns.fetch_add(cost, std::memory_order_relaxed);
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
@@ -812,7 +812,7 @@ inline void before_launch(GateState* g, const char* name) {
                           work + cost >= g->next_work_mark.load(std::memory_order_relaxed))) {
     segment(g, n, work, cost, false);
   }
-  if (op != nullptr && C10_UNLIKELY(sample_due(op)) && g->cfg.bound) {
+  if (op != nullptr && C10_UNLIKELY(sample_due(op))) {
     start_sample(g, op);
   }
 }
@@ -1082,7 +1082,6 @@ py::dict stats() {
   d["captures"] = g->captures.load();
   size_t in_flight = 0;
   size_t streams = 0;
-  double ns_per_launch = 0.0;
   double window_ns = 0.0;
   std::string error;
   if (!g_in_child.load()) {
@@ -1090,26 +1089,27 @@ py::dict stats() {
     std::lock_guard<std::mutex> lock(g->mu);
     in_flight = g->fifo.size();
     streams = g->streams.size();
-    ns_per_launch = g->ns_per_launch;
     window_ns = g->window_ns;
     error = g->error;
   }
   d["events_in_flight"] = in_flight;
   d["streams"] = streams;
-  d["us_per_launch"] = ns_per_launch / 1e3;
+  d["us_per_launch"] = g->ns_per_launch.load() / 1e3;
   d["window_us"] = window_ns / 1e3;
   d["work_seconds"] = static_cast<double>(g->work_ns.load()) / 1e9;
-  d["samples_taken"] = g->samples_taken.load();
-  d["samples_dropped"] = g->samples_dropped.load();
   // the learned per-operator costs: name, calls, us per call, exact timings, upper bounds
   py::list costs;
+  uint64_t taken = 0;
   for (const OpCost& op : g->costs) {
     if (op.key.load() != 0 && op.named.load(std::memory_order_acquire)) {
       costs.append(py::make_tuple(std::string(op.name), op.calls.load(), op.ns.load() / 1e3,
                                   op.samples.load(), op.bounds.load()));
+      taken += op.samples.load() + op.bounds.load();
     }
   }
   d["op_costs"] = costs;
+  d["samples_taken"] = taken;
+  d["samples_dropped"] = g->samples_dropped.load();
   d["error"] = error.empty() ? py::object(py::none()) : py::object(py::str(error));
   d["forked_child"] = g_in_child.load();
   return d;
