@@ -1,7 +1,7 @@
 """How long a high-priority process's first kernel waits behind gated trainers.
 
     python3 benchmarks/gate-frontier/first_kernel.py --out OUT.json [--trainers 0,1,3]
-        [--prep-ms 0,1] [--budgets 1.0] [--serve-args "--no-watch"]
+        [--prep-ms 0,1] [--budgets 1.0] [--serve-args "--no-watch"] [--mps]
 
 For each number of trainers (Case-B Transformer training, `gpreempt run --priority low
 --mechanism gate`), a high-priority prober (`gpreempt run --priority high`) times, many times
@@ -15,7 +15,8 @@ after a random idle pause, how long one tiny kernel takes from launch to complet
 
 ``--budgets`` repeats everything for each in-flight budget of the daemon
 (``serve --inflight-budget-ms``), restarting the daemon and the trainers for each;
-``--serve-args`` passes more options to that daemon.
+``--serve-args`` passes more options to that daemon. ``--mps`` makes every process a client
+of a private MPS daemon, the trainers at ``CUDA_MPS_CLIENT_PRIORITY=1`` (below normal).
 
 The wait is the round trip minus the median round trip with no trainer. Writes every sample
 and a summary to OUT.json and prints a table.
@@ -39,6 +40,7 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
+from gpreempt.bench.mps import MpsDaemon  # noqa: E402
 from gpreempt.policy.inflight import DEFAULT_BUDGET_MS  # noqa: E402
 
 
@@ -120,9 +122,22 @@ def run(args: argparse.Namespace) -> None:
     leads = [float(p) for p in args.prep_ms.split(",")]
     modes: list[float | None] = [None, *leads]
     counts = [int(n) for n in args.trainers.split(",")]
-    results: dict = {"trials": args.trials, "serve_args": args.serve_args, "settings": []}
-    for budget in [float(b) for b in args.budgets.split(",")]:
-        _run_budget(args, budget, counts, modes, results)
+    results: dict = {
+        "trials": args.trials,
+        "serve_args": args.serve_args,
+        "mps": args.mps,
+        "settings": [],
+    }
+    mps = MpsDaemon(Path(tempfile.mkdtemp(prefix="gp-mps-"))) if args.mps else None
+    try:
+        if mps is not None:
+            mps.start()
+            os.environ.update(mps.env())
+        for budget in [float(b) for b in args.budgets.split(",")]:
+            _run_budget(args, budget, counts, modes, results)
+    finally:
+        if mps is not None:
+            mps.stop()
     _summarise(args, results)
 
 
@@ -151,7 +166,8 @@ def _run_budget(
                 cmd = _gp(runtime, "run")
                 cmd += ["--priority", "low", "--mechanism", "gate", "--name", f"trainer-{i}", "--"]
                 cmd += [sys.executable, str(HERE), "train", "--ready", str(ready)]
-                trainers.append((subprocess.Popen(cmd, env=env), ready))
+                trainer_env = {**env, "CUDA_MPS_CLIENT_PRIORITY": "1"} if args.mps else env
+                trainers.append((subprocess.Popen(cmd, env=trainer_env), ready))
             try:
                 for _proc, ready in trainers:
                     _wait(ready, 180)
@@ -243,6 +259,9 @@ def main() -> None:
         help=f"daemon in-flight budgets, ms per GPU (default {DEFAULT_BUDGET_MS:g}, the daemon's)",
     )
     parser.add_argument("--serve-args", default="", help="more options for `gpreempt serve`")
+    parser.add_argument(
+        "--mps", action="store_true", help="run every process under a private MPS daemon"
+    )
     parser.set_defaults(fn=run)
     args = parser.parse_args()
     args.fn(args)

@@ -50,7 +50,8 @@ class MpsDaemon:
         if binary is None:
             raise MpsUnavailable(
                 f"{self.control} not found on PATH: MPS scenarios need the NVIDIA driver's "
-                "MPS tools; leave mps and mps-priority out of --scenarios"
+                "MPS tools; leave the MPS scenarios (mps, mps-priority, gpreempt-gate-mps) "
+                "out of --scenarios"
             )
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,14 @@ from .nvml import NvmlSampler
 
 BASELINES = ("a-alone", "b-alone", "sequential", "time-sliced", "stream-priority")
 MPS_SCENARIOS = ("mps", "mps-priority")
+#: The gate with every process a client of a private MPS daemon, Case-B below normal.
+GATE_MPS_SCENARIO = "gpreempt-gate-mps"
+#: Scenarios run under a private MPS daemon -> Case-B's CUDA_MPS_CLIENT_PRIORITY, if any.
+MPS_B_PRIORITY: dict[str, str | None] = {
+    "mps": None,
+    "mps-priority": "1",
+    GATE_MPS_SCENARIO: "1",
+}
 MECHANISMS = ("signal", "lock", "gate", "auto")
 GPREEMPT_SCENARIOS = tuple(f"gpreempt-{m}" for m in MECHANISMS)
 POLICY_SCENARIOS = ("gpreempt-timeslice", "gpreempt-share")
@@ -38,7 +46,12 @@ MEMORY_SCENARIOS = ("memory-pressure", "memory-pressure-baseline")
 #: Run by default (``--quick`` stays within its time budget).
 DEFAULT_SCENARIOS = BASELINES + MPS_SCENARIOS + GPREEMPT_SCENARIOS
 #: Only when named in ``--scenarios`` (or ``--scenarios all``).
-OPT_IN_SCENARIOS = (*POLICY_SCENARIOS, SCHEDULER_SCENARIO, *MEMORY_SCENARIOS)
+OPT_IN_SCENARIOS = (
+    *POLICY_SCENARIOS,
+    GATE_MPS_SCENARIO,
+    SCHEDULER_SCENARIO,
+    *MEMORY_SCENARIOS,
+)
 ALL_SCENARIOS = DEFAULT_SCENARIOS + OPT_IN_SCENARIOS
 #: Case-B's guaranteed share in gpreempt-share (``gpreempt run --min-share``).
 SHARE_MIN = 0.2
@@ -52,6 +65,7 @@ DESCRIPTIONS = {
     "mps": "separate processes under MPS",
     "mps-priority": "MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B",
     **{f"gpreempt-{m}": f"gpreempt, mechanism {m}" for m in MECHANISMS},
+    GATE_MPS_SCENARIO: "gpreempt, mechanism gate, all processes under MPS, Case-B below normal",
     "gpreempt-timeslice": "gpreempt, policy timeslice (slices 80 ms high / 20 ms low)",
     "gpreempt-share": f"gpreempt, policy share, Case-B --min-share {SHARE_MIN}",
     "gpreempt-scheduler": "one process: gpreempt.GPUScheduler, Case-A high, Case-B low",
@@ -71,6 +85,7 @@ class DaemonSetup:
 
 DAEMON_SETUPS: dict[str, DaemonSetup] = {
     **{f"gpreempt-{m}": DaemonSetup(b_mechanism=m) for m in MECHANISMS},
+    GATE_MPS_SCENARIO: DaemonSetup(b_mechanism="gate"),
     "gpreempt-timeslice": DaemonSetup(policy="timeslice"),
     "gpreempt-share": DaemonSetup(policy="share", b_options=("--min-share", str(SHARE_MIN))),
     "memory-pressure": DaemonSetup(),
@@ -439,7 +454,7 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
     sampler = NvmlSampler(harness.gpu_index) if harness.nvml else None
     try:
         env_a, env_b = work.environment(), work.environment()
-        if name in MPS_SCENARIOS:
+        if name in MPS_B_PRIORITY:
             # private pipe/log directories in the run's directory, unless its path is too long
             # for the unix sockets MPS makes there
             mps_dir = harness.arrivals_file.parent / "mps"
@@ -451,10 +466,11 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
             except GpreemptError as exc:
                 raise ScenarioFailed(str(exc)) from None
             env_a = work.environment(mps.env())
+            b_priority = MPS_B_PRIORITY[name]
             env_b = work.environment(
                 {
                     **mps.env(),
-                    **({"CUDA_MPS_CLIENT_PRIORITY": "1"} if name == "mps-priority" else {}),
+                    **({"CUDA_MPS_CLIENT_PRIORITY": b_priority} if b_priority else {}),
                 }
             )
         if setup:
