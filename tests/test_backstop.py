@@ -61,7 +61,20 @@ def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
     )
     daemon.registry.add(task)
     task.suspended, task.suspended_with, task.suspended_since = True, "gate", 100.0
+    task.preempted_since = 100.0
     return daemon, task, Backstop(daemon, delay_ms, driver=driver)
+
+
+def test_a_task_waiting_only_for_its_turn_is_not_locked() -> None:
+    driver = FakeDriver()
+    _daemon, task, backstop = setup(driver)
+    task.preempted_since = None  # closed for a peer's turn, not for a more important task
+    assert backstop.next_due() is None
+    backstop.apply(200.0)
+    backstop.finish()
+    assert driver.calls == [] and not task.backstop_locked
+    task.preempted_since = 150.0  # then a more important task became active
+    assert backstop.next_due() == 150.05
 
 
 def test_locks_after_the_delay_and_unlocks_before_resuming() -> None:

@@ -265,7 +265,7 @@ def test_scheduled_role_argv_and_opt_in_lists():
     assert argv[1:4] == ["-m", "gpreempt.bench.workloads", "scheduled"]
     assert argv[argv.index("--train-fn") + 1] == "bench_fakes:train_factory"
     assert argv[argv.index("--train-out") + 1] == "b.json"
-    assert set(OPT_IN_SCENARIOS) == set(NEW)
+    assert set(OPT_IN_SCENARIOS) == {*NEW, "gpreempt-gate-mps"}
     assert not set(NEW) & set(DEFAULT_SCENARIOS) and set(NEW) <= set(ALL_SCENARIOS)
     assert BenchConfig(out_dir=Path("x")).scenarios == DEFAULT_SCENARIOS
 

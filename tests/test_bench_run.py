@@ -121,6 +121,30 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
     assert {s.get("CUDA_MPS_CLIENT_PRIORITY") for s in seen if s} == {"1"}
 
 
+def test_gate_under_mps_runs_every_process_as_a_client_and_gates_case_b(tmp_path):
+    out = tmp_path / "run"
+    env_log = tmp_path / "env"
+    env_log.mkdir()
+    config = _config(out, ["gpreempt-gate-mps"], _workloads(FAKE_ENV_LOG=str(env_log)))
+    config = BenchConfig(**{**config.__dict__, "mps_control": str(_fake_mps(tmp_path))})
+    row = run_bench(config)["scenarios"]["gpreempt-gate-mps"]
+    assert row["valid"], row.get("invalid_reason")
+    calls = (tmp_path / "mps-calls.log").read_text().splitlines()
+    assert [c.split("|")[:2] for c in calls] == [["-d", ""], ["", "quit"]]
+    # the trainers of b-alone (no MPS) and of the scenario (a client, below normal)
+    seen = sorted((json.loads(p.read_text()) for p in env_log.iterdir()), key=len)
+    assert seen[0] == {} and len(seen) == 2
+    assert str(out) in seen[1]["CUDA_MPS_PIPE_DIRECTORY"]
+    assert seen[1]["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    events = out / "runs" / "r0" / "gpreempt-gate-mps" / "events.jsonl"
+    registered = {
+        e["task"]: e["argv"]
+        for e in map(json.loads, events.read_text().splitlines())
+        if e.get("event") == "registered"
+    }
+    assert registered["case-b-0"][registered["case-b-0"].index("--mechanism") + 1] == "gate"
+
+
 def test_a_trainer_that_exits_early_makes_the_scenario_invalid(tmp_path):
     work = _workloads(FAKE_TRAIN_EXIT_AFTER_S="0.45", FAKE_SERVICE_S="0.004")
     results = run_bench(_config(tmp_path / "run", ["time-sliced"], work, requests=120))

@@ -105,9 +105,10 @@ def test_daemon_writes_shares_as_tasks_come_and_go(runtime_dir: Path, tmp_path: 
         daemon.stop()
 
 
-@pytest.mark.parametrize("flag", ["--inflight-budget-ms", "--backstop-ms"])
-def test_serve_refuses_negative_durations(runtime_dir: Path, flag: str) -> None:
-    proc = spawn(runtime_dir, "serve", "--runtime-dir", str(runtime_dir), flag, "-1")
+@pytest.mark.parametrize("flag", ["--inflight-budget-ms", "--backstop-ms", "--turn-ms"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_serve_refuses_bad_durations(runtime_dir: Path, flag: str, value: str) -> None:
+    proc = spawn(runtime_dir, "serve", "--runtime-dir", str(runtime_dir), flag, value)
     _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
-    assert f"{flag} must be 0 or more" in err
+    assert f"{flag} must be a finite number of ms, 0 or more" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..config import resolve_runtime_dir
@@ -14,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..daemon.backstop import DEFAULT_DELAY_MS
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
+    from ..policy.turns import DEFAULT_TURN_MS
 
     parser = subparsers.add_parser(
         "serve",
@@ -54,6 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"throughput (default {DEFAULT_BUDGET_MS:g}; 0 = each gate's own window)",
     )
     parser.add_argument(
+        "--turn-ms",
+        type=float,
+        default=DEFAULT_TURN_MS,
+        metavar="MS",
+        help="(policy hpf) gated tasks of equal priority that share a GPU with a more important "
+        "task launch one at a time, in turns of this long (shorter when the holder goes idle), "
+        "each turn with the whole in-flight budget: fewer context switches between them and a "
+        f"shorter wait for the important task (default {DEFAULT_TURN_MS:g}; 0 = side by side)",
+    )
+    parser.add_argument(
         "--backstop-ms",
         type=float,
         default=DEFAULT_DELAY_MS,
@@ -83,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--inflight-budget-ms", args.inflight_budget_ms),
         ("--backstop-ms", args.backstop_ms),
+        ("--turn-ms", args.turn_ms),
     ):
-        if value < 0:
-            raise UsageError(f"{flag} must be 0 or more, not {value:g}")
+        if not 0 <= value < math.inf:  # also refuses nan
+            raise UsageError(f"{flag} must be a finite number of ms, 0 or more, not {value:g}")
     daemon = Daemon(
         resolve_runtime_dir(args.runtime_dir),
         policy=args.policy,
@@ -95,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         inflight_budget_ms=args.inflight_budget_ms,
         backstop_ms=args.backstop_ms,
         watch=not args.no_watch,
+        turn_ms=args.turn_ms,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )
     daemon.start()

@@ -70,7 +70,7 @@ class Backstop:
             task.mechanism == "auto"
             and task.suspended
             and task.suspended_with == "gate"
-            and task.suspended_since is not None
+            and task.preempted_since is not None
             and not task.backstop_locked
             and task.task_id not in self._locking
             and task.task_id not in self._failed
@@ -81,7 +81,7 @@ class Backstop:
         if not self.enabled:
             return None
         due = [
-            t.suspended_since + self.delay_s
+            t.preempted_since + self.delay_s
             for t in self.daemon.registry.tasks.values()
             if self._eligible(t)
         ]
@@ -92,7 +92,7 @@ class Backstop:
         if not self.enabled:
             return
         for task in list(self.daemon.registry.tasks.values()):
-            if self._eligible(task) and now >= task.suspended_since + self.delay_s:
+            if self._eligible(task) and now >= task.preempted_since + self.delay_s:
                 self._locking.add(task.task_id)
                 thread = threading.Thread(
                     target=self._lock, args=(task.task_id, task.pid), daemon=True

@@ -42,6 +42,9 @@ class Task:
     #: Concrete mechanism that suspended it (resume with the same one).
     suspended_with: str | None = None
     suspended_since: float | None = None
+    #: Since when it is suspended for a reason other than waiting for its turn among peers
+    #: (a more important task, or held); None while it runs or only waits for its turn.
+    preempted_since: float | None = None
     held: bool = False
     evicted: bool = False
     evicted_bytes: int = 0
@@ -62,6 +65,13 @@ class Task:
     def active(self) -> bool:
         """Whether the task wants the GPU now."""
         return self.always_active or any(c.is_active() for c in self.controls.values())
+
+    @property
+    def gated(self) -> bool:
+        """Whether an in-process gate bounds what the task keeps queued."""
+        return self.mechanism in ("gate", "auto") and any(
+            c.gate_installed for c in self.controls.values()
+        )
 
     @property
     def state(self) -> str:
@@ -96,6 +106,7 @@ class Task:
             timeslice_ms=self.timeslice_ms,
             min_share=self.min_share,
             run_seconds=self.run_seconds,
+            gated=self.gated,
         )
 
     def describe(self, now: float) -> dict[str, Any]:

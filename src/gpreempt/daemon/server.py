@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import selectors
 import signal
@@ -36,7 +37,9 @@ from ..errors import (
 from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
 from ..policy import Decision, Policy, Snapshot, get_policy
+from ..policy.hpf import decide_hpf
 from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
+from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import watch_lists
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
@@ -90,11 +93,18 @@ class Daemon:
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         backstop_ms: float = DEFAULT_DELAY_MS,
         watch: bool = True,
+        turn_ms: float = DEFAULT_TURN_MS,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
         self.policy_name = policy
         self.policy: Policy = get_policy(policy)
+        #: Gated peers below a more important task take turns (hpf only; policy/turns.py).
+        self.turns = policy == "hpf" and turn_ms > 0
+        if self.turns:
+            self.policy = functools.partial(
+                decide_hpf, turns=TurnSettings(turn_ms=turn_ms, budget_ms=inflight_budget_ms)
+            )
         self.shared = shared
         self.metrics_port = metrics_port
         self.lock_timeout_ms = lock_timeout_ms
@@ -583,8 +593,13 @@ class Daemon:
             changed = False
             # Suspend first: a more important task is waiting for these.
             for task in sorted(self.registry.tasks.values(), key=lambda t: t.priority):
+                turn = task.task_id in decision.turns and not task.held
                 if task.task_id in wanted and not task.suspended:
-                    changed |= self._suspend(task)
+                    changed |= self._suspend(task, "turn" if turn else None)
+                if task.suspended and not turn:
+                    task.preempted_since = task.preempted_since or now
+                else:
+                    task.preempted_since = None
             for task in list(self.registry.tasks.values()):
                 if task.task_id not in wanted and task.suspended and not task.evicted:
                     changed |= self._resume(task, reason="policy")
@@ -601,7 +616,7 @@ class Daemon:
 
     def _share_inflight_budget(self, snapshot: Snapshot) -> None:
         """Tell each gate its share of its GPU's in-flight budget (changes only)."""
-        shares = inflight_shares(snapshot, self.inflight_budget_ms)
+        shares = inflight_shares(snapshot, self.inflight_budget_ms, turns=self.turns)
         for task in self.registry.tasks.values():
             share = shares.get(task.task_id)
             if share != task.window_share_ms:
@@ -653,7 +668,9 @@ class Daemon:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _suspend(self, task: Task) -> bool:
+    def _suspend(self, task: Task, reason: str | None = None) -> bool:
+        """Suspend ``task`` by its mechanism; ``reason`` for the event log (default: held or
+        policy)."""
         mechanism = self.mechanisms.get(task.mechanism)
         target = task.target()
         start = time.perf_counter()
@@ -683,7 +700,7 @@ class Daemon:
             **task.event_fields(),
             mechanism=used,
             latency_ms=latency_ms,
-            reason="held" if task.held else "policy",
+            reason=reason or ("held" if task.held else "policy"),
         )
         if self.metrics is not None:
             self.metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
@@ -710,6 +727,7 @@ class Daemon:
         task.suspended_seconds += suspended_for
         task.suspended = False
         task.suspended_since = None
+        task.preempted_since = None
         self.events.write(
             "resume",
             **task.event_fields(),

@@ -3,32 +3,37 @@
 When a more important task starts, it waits for whatever the less important tasks on its GPU
 have already queued: the drain. Each gated task bounds its own queue, so the drain grows with
 the number of them. The daemon therefore gives every GPU one in-flight budget and splits it
-equally among the tasks there that someone more important could preempt; each task's gate
-bounds its tight window by its share.
+equally among the tasks there that someone more important could preempt and that may launch
+at the same time (peers that take turns count once, policy/turns.py); each task's gate bounds
+its tight window by its share.
 """
 
 from __future__ import annotations
 
 from .snapshot import Snapshot
+from .turns import launch_slots
 
 #: GPU time (ms) that the preemptible tasks of one GPU keep in flight together, by default.
 DEFAULT_BUDGET_MS = 1.0
 
 
-def inflight_shares(snapshot: Snapshot, budget_ms: float = DEFAULT_BUDGET_MS) -> dict[int, float]:
+def inflight_shares(
+    snapshot: Snapshot, budget_ms: float = DEFAULT_BUDGET_MS, turns: bool = False
+) -> dict[int, float]:
     """Task id -> the GPU time (ms) it may keep in flight, for every task that shares a GPU
     with a more important task; tasks not in the answer have no limit from the daemon.
 
-    Held tasks launch nothing and take no share. A task on several GPUs gets the smallest of
-    its shares.
+    Held tasks launch nothing and take no share. With ``turns``, the peers that take turns
+    share one part. A task on several GPUs gets the smallest of its shares.
     """
     if budget_ms <= 0:
         return {}
+    slots = launch_slots(snapshot, turns)
     shares: dict[int, float] = {}
-    for tasks in snapshot.by_gpu().values():
+    for gpu, tasks in snapshot.by_gpu().items():
         top = max(t.priority for t in tasks)
-        lower = [t for t in tasks if t.priority < top and not t.held]
-        for task in lower:
-            share = budget_ms / len(lower)
-            shares[task.task_id] = min(share, shares.get(task.task_id, share))
+        for task in tasks:
+            if task.priority < top and not task.held:
+                share = budget_ms / slots[gpu]
+                shares[task.task_id] = min(share, shares.get(task.task_id, share))
     return shares

@@ -29,6 +29,8 @@ class TaskView:
     min_share: float | None = None
     #: Seconds the task has been running (active and not suspended) since it registered.
     run_seconds: float = 0.0
+    #: An in-process gate bounds what the task keeps queued (mechanism gate or auto).
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,5 @@ class Decision:
     wake_at: float | None = None
     #: Policy-private memory handed back on the next call (turns, usage windows).
     memory: Any = field(default=None, compare=False)
+    #: The tasks in ``suspend`` only because a peer of equal priority has the turn.
+    turns: frozenset[int] = frozenset()

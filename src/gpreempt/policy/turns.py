@@ -1,0 +1,171 @@
+"""Turns among peers: gated tasks of equal priority under a more important task launch one at
+a time.
+
+Under strict priority, tasks of equal priority never suspend each other, so three gated
+trainers that share a GPU with an inference server run side by side, each with a third of the
+GPU's in-flight budget. The GPU runs one process's context at a time and switches whenever a
+small queue runs dry: three such trainers make fewer steps together than one alone, and a
+request that arrives waits for three queues and the switches between them.
+
+With turns, one task of each such group launches at a time, with the group's whole share of
+the budget, while the others wait behind their closed gates. A turn lasts ``turn_ms``, or ends
+early once its holder has gone idle. After a busy holder, the group pauses for the holder's
+share before the next one starts, so that the first queue has drained before the second fills:
+the GPU never holds more than the budget of a group.
+
+Only tasks on one GPU whose gate bounds their queue take turns; a task on several GPUs, or one
+without a gate, runs as plain hpf says. While a more important task is active the whole group
+is suspended anyway; turns then only pass on when they run out, without a pause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .snapshot import Snapshot, TaskView
+
+#: Default length of a turn (ms): long against the pause and the context switch between turns,
+#: short against a training step, so peers advance together.
+DEFAULT_TURN_MS = 20.0
+#: A holder seen idle this long into its turn (s) gives the turn on at once (the gates report
+#: idleness a grace period after their last GPU work completes).
+IDLE_PASS_S = 0.005
+
+GroupKey = tuple[int, int]  # (gpu, priority)
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """How peers take turns: the turn length and the GPU's in-flight budget (both ms)."""
+
+    turn_ms: float = DEFAULT_TURN_MS
+    budget_ms: float = 1.0
+
+
+@dataclass(frozen=True)
+class PeerTurn:
+    """Whose turn it is in one group: its holder may launch from ``starts`` to ``until``.
+
+    ``task_id`` None: the group is parked (a whole round found every task idle); nobody waits,
+    and the first task seen active takes the next turn.
+    """
+
+    task_id: int | None
+    starts: float
+    until: float
+    #: The last holder (the rotation goes on after it).
+    last: int
+    #: Turns in a row that went on because their holder was idle.
+    idle_passes: int = 0
+
+
+def turn_groups(snapshot: Snapshot) -> dict[GroupKey, list[TaskView]]:
+    """(gpu, priority) -> the tasks that take turns there, by task id: gated, on that GPU
+    only, not held, below the most important task on the GPU, and at least two of them."""
+    groups: dict[GroupKey, list[TaskView]] = {}
+    for gpu, tasks in snapshot.by_gpu().items():
+        top = max(t.priority for t in tasks)
+        for task in tasks:
+            if task.priority < top and task.gated and not task.held and len(task.gpus) == 1:
+                groups.setdefault((gpu, task.priority), []).append(task)
+    return {
+        key: sorted(peers, key=lambda t: t.task_id)
+        for key, peers in groups.items()
+        if len(peers) >= 2
+    }
+
+
+def launch_slots(snapshot: Snapshot, turns: bool) -> dict[int, int]:
+    """GPU -> how many of its less important tasks may launch at the same time: each one that
+    is not held, a turn group counting once when ``turns``."""
+    grouped = (
+        {t.task_id for peers in turn_groups(snapshot).values() for t in peers} if turns else set()
+    )
+    slots: dict[int, int] = {}
+    for gpu, tasks in snapshot.by_gpu().items():
+        top = max(t.priority for t in tasks)
+        lower = [t for t in tasks if t.priority < top and not t.held]
+        groups = {t.priority for t in lower if t.task_id in grouped}
+        slots[gpu] = len([t for t in lower if t.task_id not in grouped]) + len(groups)
+    return slots
+
+
+def _after(ids: list[int], task_id: int) -> int:
+    """The id that follows ``task_id`` in the cyclic order of ``ids`` (sorted)."""
+    later = [i for i in ids if i > task_id]
+    return later[0] if later else ids[0]
+
+
+def take_turns(
+    snapshot: Snapshot,
+    memory: object,
+    settings: TurnSettings,
+) -> tuple[frozenset[int], float | None, dict[GroupKey, PeerTurn]]:
+    """The tasks that wait for their turn now, when to look again, and the turns to remember
+    (``memory`` is what the previous call returned)."""
+    previous: dict[GroupKey, PeerTurn] = memory if isinstance(memory, dict) else {}
+    slots = launch_slots(snapshot, turns=True)
+    waiting: set[int] = set()
+    wakes: list[float] = []
+    turns: dict[GroupKey, PeerTurn] = {}
+    for key, peers in sorted(turn_groups(snapshot).items()):
+        gpu, priority = key
+        preempted = any(
+            t.active and not t.held and t.priority > priority for t in snapshot.by_gpu()[gpu]
+        )
+        pause_s = settings.budget_ms / 1000 / max(1, slots[gpu])
+        turn = _next(peers, previous.get(key), snapshot.now, preempted, settings, pause_s)
+        turns[key] = turn
+        if turn.task_id is None:
+            continue  # parked: everyone may launch; the first launch rings the daemon
+        waiting.update(t.task_id for t in peers if t.task_id != turn.task_id)
+        if snapshot.now < turn.starts:
+            waiting.add(turn.task_id)
+            wakes.append(turn.starts)
+        holder = next(t for t in peers if t.task_id == turn.task_id)
+        idle_check = turn.starts + IDLE_PASS_S
+        if not holder.active and not preempted and idle_check > snapshot.now:
+            wakes.append(idle_check)
+        wakes.append(turn.until)
+    return frozenset(waiting), min(wakes) if wakes else None, turns
+
+
+def _next(
+    peers: list[TaskView],
+    turn: PeerTurn | None,
+    now: float,
+    preempted: bool,
+    settings: TurnSettings,
+    pause_s: float,
+) -> PeerTurn:
+    """The group's turn after ``turn``, at ``now``."""
+    ids = [t.task_id for t in peers]
+    turn_s = settings.turn_ms / 1000
+
+    def start(task_id: int, pause: float = 0.0, idle_passes: int = 0) -> PeerTurn:
+        return PeerTurn(task_id, now + pause, now + pause + turn_s, task_id, idle_passes)
+
+    if turn is None:
+        return start(ids[0])
+    if turn.task_id is None:  # parked
+        active = [t.task_id for t in peers if t.active]
+        if not active or preempted:
+            return turn
+        later = [i for i in active if i > turn.last]
+        return start(later[0] if later else active[0])
+    if turn.task_id not in ids:  # the holder left the group
+        return start(_after(ids, turn.task_id))
+    holder = next(t for t in peers if t.task_id == turn.task_id)
+    idle = not holder.active and not preempted and now >= turn.starts + IDLE_PASS_S
+    if idle:
+        if turn.idle_passes + 1 >= len(ids):
+            return PeerTurn(None, now, float("inf"), turn.task_id)
+        return start(_after(ids, turn.task_id), idle_passes=turn.idle_passes + 1)
+    if now >= turn.until:
+        # a busy holder's queue drains before the next one fills its own, unless the more
+        # important task stopped it already
+        pause = pause_s if holder.active and not preempted else 0.0
+        return start(_after(ids, turn.task_id), pause)
+    if holder.active and turn.idle_passes:
+        return PeerTurn(turn.task_id, turn.starts, turn.until, turn.last)
+    return turn

@@ -1,0 +1,133 @@
+"""Turns among gated peers under a more important task (hpf with turns), as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import task_view as view
+
+from gpreempt.policy import Decision, Snapshot, decide_hpf
+from gpreempt.policy.inflight import inflight_shares
+from gpreempt.policy.turns import IDLE_PASS_S, TurnSettings, launch_slots, turn_groups
+
+SETTINGS = TurnSettings(turn_ms=20.0, budget_ms=1.0)
+TURN_S = 0.020
+PAUSE_S = 0.001  # the whole budget: the group is the GPU's only launch slot
+
+
+def server(active: bool = False):
+    return view(1, 100, active=active, gated=False)
+
+
+def trainer(task_id: int, active: bool = True, **fields):
+    return view(task_id, -100, active=active, gated=True, **fields)
+
+
+class Clock:
+    """Calls hpf with turns again and again, carrying its memory, like the daemon does."""
+
+    def __init__(self) -> None:
+        self.memory = None
+
+    def at(self, now: float, *tasks) -> Decision:
+        decision = decide_hpf(Snapshot(now=now, tasks=tasks), self.memory, SETTINGS)
+        self.memory = decision.memory
+        return decision
+
+
+def test_gated_peers_under_a_registered_server_take_turns_with_the_whole_budget() -> None:
+    tasks = (server(), trainer(2), trainer(3), trainer(4))
+    decision = Clock().at(10.0, *tasks)
+    assert decision.suspend == {3, 4} and decision.turns == {3, 4}
+    assert decision.wake_at == pytest.approx(10.0 + TURN_S)
+    snapshot = Snapshot(now=10.0, tasks=tasks)
+    assert inflight_shares(snapshot, 1.0, turns=True) == pytest.approx({2: 1.0, 3: 1.0, 4: 1.0})
+    assert inflight_shares(snapshot, 1.0) == pytest.approx({2: 1 / 3, 3: 1 / 3, 4: 1 / 3})
+
+
+def test_a_busy_holder_hands_on_after_a_pause_for_its_queue_to_drain() -> None:
+    clock = Clock()
+    tasks = (server(), trainer(2), trainer(3), trainer(4))
+    clock.at(10.0, *tasks)
+    end = 10.0 + TURN_S
+    handoff = clock.at(end, *tasks)
+    assert handoff.suspend == {2, 3, 4}  # nobody launches while 2's queue drains
+    assert handoff.wake_at == pytest.approx(end + PAUSE_S)
+    after = clock.at(end + PAUSE_S, *tasks)
+    assert after.suspend == {2, 4} and after.wake_at == pytest.approx(end + PAUSE_S + TURN_S)
+    # then 4, then 2 again: a fixed rotation by task id
+    t = end + PAUSE_S + TURN_S
+    clock.at(t, *tasks)
+    assert clock.at(t + PAUSE_S, *tasks).suspend == {2, 3}
+    t += PAUSE_S + TURN_S
+    clock.at(t, *tasks)
+    assert clock.at(t + PAUSE_S, *tasks).suspend == {3, 4}
+
+
+def test_an_idle_holder_hands_on_at_once_and_a_round_of_idle_ones_parks_the_group() -> None:
+    clock = Clock()
+    busy = (server(), trainer(2), trainer(3), trainer(4))
+    clock.at(10.0, *busy)
+    idle2 = (server(), trainer(2, active=False), trainer(3), trainer(4))
+    assert clock.at(10.001, *idle2).suspend == {3, 4}  # too early to call it idle
+    passed = clock.at(10.0 + IDLE_PASS_S, *idle2)
+    assert passed.suspend == {2, 4}  # no pause: an idle holder has nothing queued
+    everyone_idle = (server(), *(trainer(i, active=False) for i in (2, 3, 4)))
+    t = 10.0 + IDLE_PASS_S
+    wakes = []
+    for _ in range(2):
+        t += IDLE_PASS_S
+        decision = clock.at(t, *everyone_idle)
+        wakes.append(decision.wake_at)
+    assert decision.suspend == set() and decision.wake_at is None  # parked: all may launch
+    assert wakes[0] is not None
+    # the first launch rings the daemon: that task takes the turn, the others wait again
+    woke = (server(), trainer(2, active=False), trainer(3, active=False), trainer(4))
+    assert clock.at(t + 1.0, *woke).suspend == {2, 3}
+
+
+def test_a_request_suspends_the_whole_group_and_turns_pass_without_a_pause() -> None:
+    clock = Clock()
+    clock.at(10.0, server(), trainer(2), trainer(3))
+    during = clock.at(10.01, server(active=True), trainer(2, active=False), trainer(3))
+    assert during.suspend == {2, 3} and during.turns == set()  # preempted, not turn-waiting
+    # a holder stopped by the request does not count as idle...
+    assert clock.at(10.019, server(active=True), trainer(2, active=False), trainer(3)).suspend
+    assert clock.memory[(0, -100)].task_id == 2
+    # ...and when its turn runs out meanwhile, the next one may start as soon as it ends
+    clock.at(10.0 + TURN_S, server(active=True), trainer(2, active=False), trainer(3))
+    after = clock.at(10.021, server(), trainer(2, active=False), trainer(3, active=False))
+    assert after.suspend == {2} and after.turns == {2}
+
+
+def test_who_takes_turns() -> None:
+    tasks = (
+        server(),
+        trainer(2),
+        trainer(3),
+        view(4, -100, gated=False),  # no gate bounds its queue
+        trainer(5, gpus=(0, 1)),  # on two GPUs
+        trainer(6, held=True),
+        view(7, 0, gated=True),  # alone at its priority
+    )
+    snapshot = Snapshot(now=0.0, tasks=tasks)
+    groups = turn_groups(snapshot)
+    assert {k: [t.task_id for t in v] for k, v in groups.items()} == {(0, -100): [2, 3]}
+    # the group, 4, 5 and 7 launch side by side on GPU 0; 5 is alone on GPU 1
+    assert launch_slots(snapshot, turns=True) == {0: 4, 1: 0}
+    assert launch_slots(snapshot, turns=False) == {0: 5, 1: 0}
+    # the most important task itself never waits, nor do peers with no one above them
+    assert turn_groups(Snapshot(now=0.0, tasks=(trainer(2), trainer(3)))) == {}
+
+
+def test_a_holder_that_leaves_passes_the_turn_on() -> None:
+    clock = Clock()
+    clock.at(10.0, server(), trainer(2), trainer(3), trainer(4))
+    decision = clock.at(10.005, server(), trainer(3), trainer(4))
+    assert decision.suspend == {4}
+    assert clock.at(10.006, server(), trainer(4)).suspend == set()  # a lone peer runs freely
+
+
+def test_without_turns_hpf_is_unchanged() -> None:
+    tasks = (server(), trainer(2), trainer(3))
+    decision = decide_hpf(Snapshot(now=0.0, tasks=tasks))
+    assert decision.suspend == set() and decision.wake_at is None and decision.turns == set()
