@@ -99,6 +99,19 @@ def test_a_request_suspends_the_whole_group_and_turns_pass_without_a_pause() -> 
     assert after.suspend == {2} and after.turns == {2}
 
 
+def test_a_holder_that_a_long_request_stopped_is_not_taken_for_idle() -> None:
+    clock = Clock()
+    clock.at(10.0, server(), trainer(2), trainer(3))
+    clock.at(10.001, server(active=True), trainer(2), trainer(3))
+    # the request lasted: 2's gate has reported it idle meanwhile, though it waits to go on
+    ended = clock.at(10.012, server(), trainer(2, active=False), trainer(3, active=False))
+    assert ended.suspend == {3}
+    assert ended.wake_at == pytest.approx(10.012 + IDLE_PASS_S)
+    # it launches at once (its gate rings the daemon) and keeps its turn
+    assert clock.at(10.0121, server(), trainer(2), trainer(3, active=False)).suspend == {3}
+    assert clock.at(10.0121 + IDLE_PASS_S, server(), trainer(2), trainer(3)).suspend == {3}
+
+
 def test_who_takes_turns() -> None:
     tasks = (
         server(),

@@ -20,7 +20,7 @@ is suspended anyway; turns then only pass on when they run out, without a pause.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .snapshot import Snapshot, TaskView
 
@@ -57,6 +57,10 @@ class PeerTurn:
     last: int
     #: Turns in a row that went on because their holder was idle.
     idle_passes: int = 0
+    #: Since when the holder may launch: its turn's start, or the end of the last preemption
+    #: (None while a more important task is active). Idleness counts only from here: a holder
+    #: that a request stopped looks idle without being so.
+    open_since: float | None = None
 
 
 def turn_groups(snapshot: Snapshot) -> dict[GroupKey, list[TaskView]]:
@@ -123,9 +127,10 @@ def take_turns(
             waiting.add(turn.task_id)
             wakes.append(turn.starts)
         holder = next(t for t in peers if t.task_id == turn.task_id)
-        idle_check = turn.starts + IDLE_PASS_S
-        if not holder.active and not preempted and idle_check > snapshot.now:
-            wakes.append(idle_check)
+        if not holder.active and turn.open_since is not None:
+            idle_check = turn.open_since + IDLE_PASS_S
+            if idle_check > snapshot.now:
+                wakes.append(idle_check)
         wakes.append(turn.until)
     return frozenset(waiting), min(wakes) if wakes else None, turns
 
@@ -143,7 +148,9 @@ def _next(
     turn_s = settings.turn_ms / 1000
 
     def start(task_id: int, pause: float = 0.0, idle_passes: int = 0) -> PeerTurn:
-        return PeerTurn(task_id, now + pause, now + pause + turn_s, task_id, idle_passes)
+        starts = now + pause
+        open_since = None if preempted else starts
+        return PeerTurn(task_id, starts, starts + turn_s, task_id, idle_passes, open_since)
 
     if turn is None:
         return start(ids[0])
@@ -156,8 +163,8 @@ def _next(
     if turn.task_id not in ids:  # the holder left the group
         return start(_after(ids, turn.task_id))
     holder = next(t for t in peers if t.task_id == turn.task_id)
-    idle = not holder.active and not preempted and now >= turn.starts + IDLE_PASS_S
-    if idle:
+    let_run = turn.open_since is not None and now >= turn.open_since + IDLE_PASS_S
+    if not holder.active and not preempted and let_run:
         if turn.idle_passes + 1 >= len(ids):
             return PeerTurn(None, now, float("inf"), turn.task_id)
         return start(_after(ids, turn.task_id), idle_passes=turn.idle_passes + 1)
@@ -166,6 +173,10 @@ def _next(
         # important task stopped it already
         pause = pause_s if holder.active and not preempted else 0.0
         return start(_after(ids, turn.task_id), pause)
-    if holder.active and turn.idle_passes:
-        return PeerTurn(turn.task_id, turn.starts, turn.until, turn.last)
-    return turn
+    # the holder keeps its turn
+    if preempted:
+        open_since = None
+    else:
+        open_since = turn.open_since if turn.open_since is not None else max(now, turn.starts)
+    idle_passes = 0 if holder.active else turn.idle_passes
+    return replace(turn, open_since=open_since, idle_passes=idle_passes)
