@@ -257,9 +257,18 @@ def train_command(args: argparse.Namespace) -> int:
             "ballast_bytes": args.ballast_bytes,
             "step_end_t": times,
             "stopped_t": time.time(),
+            "gate": _gate_stats(),
         },
     )
     return 0
+
+
+def _gate_stats() -> dict[str, Any] | None:
+    """The launch gate's counters, if this process runs under one (for diagnosis)."""
+    from ..client.gate import current_gate
+
+    gate = current_gate()
+    return None if gate is None else gate.stats()
 
 
 def combined_command(args: argparse.Namespace) -> int:
