@@ -617,8 +617,14 @@ void finish_sample(GateState* g) {
 }
 
 // --- slow paths -------------------------------------------------------------------------------
-// Waits while `word` is nonzero or, with `watch`, while a watched task is active.
-void wait_open(GateState* g, const uint32_t* word, bool watch) {
+// How long a thread sleeps at a gate the daemon closed: the daemon wakes it as it opens the gate
+// (a futex), so this only paces the retiring of completed events; short sleeps would cost a
+// peer that waits for its turn a core's worth of wake-ups.
+constexpr int64_t kClosedSleepNs = 1000000;
+
+// Waits while `word` is nonzero or, with `watch`, while a watched task is active. `woken`: whoever
+// opens `word` wakes its waiters (the daemon's gate_closed), so a closed word needs no polling.
+void wait_open(GateState* g, const uint32_t* word, bool watch, bool woken) {
   if (g->captures.load(std::memory_order_relaxed) > 0) {
     return;  // an operator being captured into a graph launches nothing now
   }
@@ -656,7 +662,7 @@ void wait_open(GateState* g, const uint32_t* word, bool watch) {
       }
     }
     if (seen != 0) {
-      wait_word(word, seen, poll);  // the daemon wakes it as it opens the gate
+      wait_word(word, seen, woken ? kClosedSleepNs : poll);
     } else {
       sleep_ns(poll);  // a watched task's words: polled
     }
@@ -780,7 +786,10 @@ inline void before_launch(GateState* g, const char* name) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
   if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0 ||
                    watched_active(g->watch.load(std::memory_order_acquire)))) {
-    wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true);
+    if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
+      finish_sample(g);  // end the timed span before the wait, which must not count in it
+    }
+    wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true, true);
   }
   if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
     finish_sample(g);  // the previous operator was being timed: this one ends its span
@@ -791,7 +800,7 @@ inline void before_launch(GateState* g, const char* name) {
       task_word = g_default_task_word.load(std::memory_order_relaxed);
     }
     if (task_word != nullptr && __atomic_load_n(task_word, __ATOMIC_RELAXED) != 0) {
-      wait_open(g, task_word, false);
+      wait_open(g, task_word, false, false);
     }
     if (tls_task_unbounded) {
       return;
