@@ -1,8 +1,14 @@
-"""Turns among gated peers under a more important task (hpf with turns), as pure functions."""
+"""Turns among gated peers under a more important task (hpf with turns): the policy as pure
+functions, and the daemon with real gated processes (CPU tensors)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+
 import pytest
+from conftest import Counter, Daemon, gpreempt, spawn, wait_for
 from conftest import task_view as view
 
 from gpreempt.policy import Decision, Snapshot, decide_hpf
@@ -144,3 +150,63 @@ def test_without_turns_hpf_is_unchanged() -> None:
     tasks = (server(), trainer(2), trainer(3))
     decision = decide_hpf(Snapshot(now=0.0, tasks=tasks))
     assert decision.suspend == set() and decision.wake_at is None and decision.turns == set()
+
+
+TORCH_PEER = """
+import os, sys, torch
+path, tmp = sys.argv[1], sys.argv[1] + ".tmp"
+x = torch.zeros(16)
+i = 0
+while True:
+    x = x + 1          # a PyTorch operator: the gate sees it
+    i += 1
+    if i % 200 == 0:
+        with open(tmp, "w") as f:
+            f.write(str(i))
+        os.replace(tmp, path)
+"""
+
+
+def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path) -> None:
+    """Three gated PyTorch loops under a registered `high` task: at any moment at most one
+    runs, and each gets turns."""
+    pytest.importorskip("torch")
+    daemon = Daemon(runtime_dir, "--turn-ms", "50")
+    script = tmp_path / "peer.py"
+    script.write_text(TORCH_PEER)
+    procs = [spawn(runtime_dir, "run", "-p", "high", "--name", "srv", "--", "sleep", "120")]
+    counters = []
+    try:
+        for i in range(3):
+            progress = tmp_path / f"progress-{i}"
+            counters.append(Counter(progress))
+            argv = ["run", "-p", "low", "--name", f"peer-{i}", "--"]
+            procs.append(spawn(runtime_dir, *argv, sys.executable, str(script), str(progress)))
+
+        def peers() -> list[dict]:
+            reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+            return [t for t in reply["tasks"] if t["name"].startswith("peer-")]
+
+        def all_gated() -> bool:
+            tasks = peers()
+            return len(tasks) == 3 and all((t["gate"] or {}).get("installed") for t in tasks)
+
+        assert wait_for(all_gated, 120), peers()
+        running = []
+        for _ in range(25):
+            running.append(sum(t["state"] == "running" for t in peers()))
+        assert max(running) <= 1, running
+        before = [c.value() for c in counters]
+
+        def each_advanced() -> bool:
+            return all(c.value() > b for c, b in zip(counters, before, strict=True))
+
+        assert wait_for(each_advanced, 20)
+        events = (runtime_dir / "events.jsonl").read_text().splitlines()
+        assert any(json.loads(e).get("reason") == "turn" for e in events)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(20)
+        daemon.stop()

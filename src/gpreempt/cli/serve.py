@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..daemon.backstop import DEFAULT_DELAY_MS
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
-    from ..policy.turns import SUGGESTED_TURN_MS
+    from ..policy.turns import DEFAULT_TURN_MS
 
     parser = subparsers.add_parser(
         "serve",
@@ -58,13 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--turn-ms",
         type=float,
-        default=0.0,
+        default=DEFAULT_TURN_MS,
         metavar="MS",
-        help="(policy hpf) let gated tasks of equal priority that share a GPU with a more "
-        "important task launch one at a time, in turns of this long (shorter when the holder "
-        "goes idle), each with the whole in-flight budget: the important task waits less when "
-        "it starts, the others keep less throughput (default 0 = side by side; "
-        f"{SUGGESTED_TURN_MS:g} works)",
+        help="(policy hpf) gated tasks of equal priority that share a GPU with a more important "
+        "task launch one at a time, in turns of this long (shorter when the holder goes idle), "
+        "each with the whole in-flight budget, so that the important task waits for one queue "
+        f"rather than several (default {DEFAULT_TURN_MS:g}; 0 = side by side)",
     )
     parser.add_argument(
         "--backstop-ms",

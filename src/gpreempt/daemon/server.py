@@ -39,7 +39,7 @@ from ..mechanisms.base import Target
 from ..policy import Decision, Policy, Snapshot, get_policy
 from ..policy.hpf import decide_hpf
 from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
-from ..policy.turns import TurnSettings
+from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import watch_lists
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
@@ -93,7 +93,7 @@ class Daemon:
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         backstop_ms: float = DEFAULT_DELAY_MS,
         watch: bool = True,
-        turn_ms: float = 0.0,
+        turn_ms: float = DEFAULT_TURN_MS,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir

@@ -13,11 +13,10 @@ early once its holder has gone idle. After a busy holder, the group pauses for t
 share before the next one starts, so that the first queue has drained before the second fills:
 the GPU never holds more than the budget of a group.
 
-The trade is throughput: between a more important task's requests only one peer refills the
-GPU. Measured on an H200 with three trainers under an inference server at half load, turns
-brought the server's first kernel after a 1 ms hint from 0.5 to 0.1 ms at P99 and its P99
-latency down, but kept 0.25-0.34 of the trainers' throughput instead of 0.43 (docs/results.md).
-So turns are off by default (``gpreempt serve --turn-ms``).
+Measured on an H200 with three trainers under an inference server at half load, turns
+shortened the server's wait behind them (first kernel after a 1 ms hint: 0.12-0.19 against
+0.58 ms at P99) and kept the trainers at least as much throughput as side by side (0.44
+against 0.40 in one run; docs/results.md). ``gpreempt serve --turn-ms 0`` turns them off.
 
 Only tasks on one GPU whose gate bounds their queue take turns; a task on several GPUs, or one
 without a gate, runs as plain hpf says. While a more important task is active the whole group
@@ -30,9 +29,9 @@ from dataclasses import dataclass, replace
 
 from .snapshot import Snapshot, TaskView
 
-#: A turn length that works (ms): long against the pause and the context switch between turns,
-#: short against a training step, so peers advance together. Turns are off unless asked for.
-SUGGESTED_TURN_MS = 20.0
+#: Default length of a turn (ms): long against the pause and the context switch between turns,
+#: short against a training step, so peers advance together.
+DEFAULT_TURN_MS = 20.0
 #: A holder seen idle this long into its turn (s) gives the turn on at once (the gates report
 #: idleness a grace period after their last GPU work completes).
 IDLE_PASS_S = 0.005
@@ -44,7 +43,7 @@ GroupKey = tuple[int, int]  # (gpu, priority)
 class TurnSettings:
     """How peers take turns: the turn length and the GPU's in-flight budget (both ms)."""
 
-    turn_ms: float = SUGGESTED_TURN_MS
+    turn_ms: float = DEFAULT_TURN_MS
     budget_ms: float = 1.0
 
 
