@@ -194,8 +194,13 @@ def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path)
         assert wait_for(all_gated, 120), peers()
         running = []
         for _ in range(25):
-            running.append(sum(t["state"] == "running" for t in peers()))
+            tasks = peers()
+            running.append(sum(t["state"] == "running" for t in tasks))
+            # the srv task is not active: whoever is suspended only waits for its turn
+            assert all(t["waiting_turn"] == (t["state"] == "suspended") for t in tasks), tasks
         assert max(running) <= 1, running
+        shown = gpreempt(runtime_dir, "status").stdout
+        assert "peers take 50 ms turns" in shown, shown
         before = [c.value() for c in counters]
 
         def each_advanced() -> bool:

@@ -41,7 +41,9 @@ def print_status(reply: dict[str, Any]) -> None:
     console = Console()
     daemon = reply["daemon"]
     console.print(
-        f"daemon pid {daemon['pid']}, policy {daemon['policy']}, {daemon['runtime_dir']}"
+        f"daemon pid {daemon['pid']}, policy {daemon['policy']}"
+        + (f" (peers take {daemon['turn_ms']:g} ms turns)" if daemon.get("turn_ms") else "")
+        + f", {daemon['runtime_dir']}"
         + ("" if daemon.get("lock_available") else "  (driver lock unavailable: signal/gate only)")
     )
     tasks = reply["tasks"]
@@ -73,7 +75,7 @@ def print_status(reply: dict[str, Any]) -> None:
                 str(task["pid"]),
                 escape(task["name"]),
                 task["priority_name"],
-                task["state"],
+                task["state"] + (" (turn)" if task.get("waiting_turn") else ""),
                 "yes" if task["active"] else "no",
                 mechanism,
                 str(task["preemptions"]),

@@ -96,6 +96,7 @@ def build_frame(
             gate = t.get("gate") or {}
             state = str(t.get("state", "?"))
             style = {"suspended": "yellow", "held": "magenta", "evicted": "red"}.get(state, "")
+            shown = state + (" (turn)" if t.get("waiting_turn") else "")
             tasks.add_row(
                 num(t.get("task_id")),
                 short(str(t.get("name", "")), 24),
@@ -103,7 +104,7 @@ def build_frame(
                 str(t.get("priority_name") or t.get("priority")),
                 ",".join(str(x) for x in t.get("gpus", [])),
                 str(t.get("last_mechanism") or t.get("mechanism") or "-"),
-                f"[{style}]{state}[/]" if style else state,
+                (f"[{style}]{shown}[/]" if style else shown),
                 "yes" if t.get("active") else "no",
                 num(t.get("preemptions")),
                 num(t.get("suspended_seconds"), 2),

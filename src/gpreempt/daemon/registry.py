@@ -45,6 +45,8 @@ class Task:
     #: Since when it is suspended for a reason other than waiting for its turn among peers
     #: (a more important task, or held); None while it runs or only waits for its turn.
     preempted_since: float | None = None
+    #: Suspended only because a peer of equal priority has the turn (policy/turns.py).
+    waiting_turn: bool = False
     held: bool = False
     evicted: bool = False
     evicted_bytes: int = 0
@@ -135,6 +137,7 @@ class Task:
             "gpus": list(self.gpus),
             "mechanism": self.mechanism,
             "state": self.state,
+            "waiting_turn": self.waiting_turn,
             "active": self.active,
             "always_active": self.always_active,
             "held": self.held,

@@ -101,6 +101,7 @@ class Daemon:
         self.policy: Policy = get_policy(policy)
         #: Gated peers below a more important task take turns (hpf only; policy/turns.py).
         self.turns = policy == "hpf" and turn_ms > 0
+        self.turn_ms = turn_ms if self.turns else 0.0
         if self.turns:
             self.policy = functools.partial(
                 decide_hpf, turns=TurnSettings(turn_ms=turn_ms, budget_ms=inflight_budget_ms)
@@ -491,6 +492,7 @@ class Daemon:
             "daemon": {
                 "pid": os.getpid(),
                 "policy": self.policy_name,
+                "turn_ms": self.turn_ms,
                 "runtime_dir": str(self.runtime_dir),
                 "started_at": self.started_at,
                 "lock_available": self.mechanisms.lock_unavailable is None,
@@ -600,6 +602,7 @@ class Daemon:
                     task.preempted_since = task.preempted_since or now
                 else:
                     task.preempted_since = None
+                task.waiting_turn = task.suspended and turn
             for task in list(self.registry.tasks.values()):
                 if task.task_id not in wanted and task.suspended and not task.evicted:
                     changed |= self._resume(task, reason="policy")
@@ -728,6 +731,7 @@ class Daemon:
         task.suspended = False
         task.suspended_since = None
         task.preempted_since = None
+        task.waiting_turn = False
         self.events.write(
             "resume",
             **task.event_fields(),
