@@ -182,19 +182,14 @@ def test_event_log_batch_writes_at_the_end_in_order(tmp_path) -> None:
 
 
 _FUTEX_WAITER = """
-import ctypes, mmap, platform, sys, time
-from gpreempt.futex import _SYS_FUTEX
+import ctypes, mmap, sys, time
+from gpreempt import futex
 fd = int(sys.argv[1])
 block = mmap.mmap(fd, 64)
 address = ctypes.addressof(ctypes.c_char.from_buffer(block))
-libc = ctypes.CDLL(None, use_errno=True)
-class Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-timeout = Timespec(20, 0)
 print("waiting", flush=True)
 start = time.monotonic()
-libc.syscall(ctypes.c_long(_SYS_FUTEX[platform.machine()]), ctypes.c_void_p(address),
-             ctypes.c_int(0), ctypes.c_int(1), ctypes.byref(timeout), None, ctypes.c_int(0))
+futex.wait(address, 1, 20.0)
 print(f"{time.monotonic() - start:.3f}", flush=True)
 """
 
@@ -219,6 +214,21 @@ def test_opening_a_gate_wakes_a_waiter_in_another_process() -> None:
     finally:
         child.kill()
         child.wait()
+        block.close()
+
+
+@pytest.mark.skipif(not futex.available(), reason="no futex system call known on this machine")
+def test_futex_wait_times_out_and_returns_at_once_if_the_word_differs() -> None:
+    block = ControlBlock.create()
+    try:
+        block.set_gate(True)
+        start = time.monotonic()
+        futex.wait(block.address, 1, 0.05)
+        assert 0.04 < time.monotonic() - start < 2.0
+        start = time.monotonic()
+        futex.wait(block.address, 0, 5.0)  # the word is 1, not 0
+        assert time.monotonic() - start < 1.0
+    finally:
         block.close()
 
 

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .. import futex
 from ..control import (
     OFF_AUTO_ACTIVE,
     OFF_GATE_CLOSED,
@@ -77,8 +78,10 @@ DEFAULT_WINDOW_MS = 1.0
 DEFAULT_OPEN_WINDOW_MS = 25.0
 #: How long the window stays tight after the gate was last closed.
 DEFAULT_HOLD_MS = 1000.0
-#: Sleep per poll while the gate is closed.
+#: Sleep per poll while a watched task is active (or a task word is set).
 POLL_US = 30.0
+#: Longest sleep at a gate the daemon closed (it wakes the sleepers as it opens the gate).
+CLOSED_SLEEP_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -570,7 +573,7 @@ class _PythonImpl:
         n = next(self._counter)
         self._launches = n
         if self._ctl.closed.value or self._watched_active():
-            self._wait_open(self._ctl.closed, watch=True)
+            self._wait_open(self._ctl.closed, watch=True, woken=True)
         task_word = getattr(self._thread_task, "word", None) or self._default_task_word
         if task_word is not None and task_word.value:
             self._wait_open(task_word)
@@ -602,7 +605,10 @@ class _PythonImpl:
     def _watched_active(self) -> bool:
         return any(words_want_gpu(words) for words in self._watched)
 
-    def _wait_open(self, word: Any, watch: bool = False) -> None:
+    def _wait_open(self, word: Any, watch: bool = False, woken: bool = False) -> None:
+        """Wait while ``word`` is set or, with ``watch``, a watched task is active. ``woken``:
+        whoever opens ``word`` wakes its waiters (the daemon's gate_closed), so a closed word
+        is slept on for CLOSED_SLEEP_S at a time rather than polled."""
         if self._captures > 0 or self._capturing():
             return
         start = time.monotonic_ns()
@@ -610,7 +616,11 @@ class _PythonImpl:
         self._waits += 1
         self._ctl.waits.value = self._waits
         while (word.value or (watch and self._watched_active())) and self._installed:
-            time.sleep(POLL_US / 1e6)
+            closed = word.value
+            if woken and closed:
+                futex.wait(ctypes.addressof(word), closed, CLOSED_SLEEP_S)
+            else:
+                time.sleep(POLL_US / 1e6)
         end = time.monotonic_ns()
         self._last_closed = end
         self._wait_ns += end - start
