@@ -3,7 +3,8 @@
 A closed gate stops the launches that go through PyTorch's dispatcher. Work it cannot see goes
 on: kernels a thread launches without an operator (custom extensions, code that
 ``torch.compile`` generated, threads of other languages). So once a task with mechanism
-``auto`` has been held by its gate for ``delay_ms``, the daemon also locks it in the driver,
+``auto`` has been held by its gate for ``delay_ms`` (for a more important task, or by hand;
+waiting for its turn among peers does not count), the daemon also locks it in the driver,
 which stops every CUDA call of the process, and lifts that lock before the gate opens.
 
 The delay keeps the lock's cost off the many short preemptions the gate handles alone: a lock
