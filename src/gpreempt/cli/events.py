@@ -52,7 +52,7 @@ def format_event(record: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..daemon.events import follow_events, read_events
+    from ..daemon.events import follow_events, read_all_events
 
     path = resolve_runtime_dir(args.runtime_dir) / EVENTS_NAME
     if args.last < 0:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(record) if args.json else format_event(record), flush=True)
 
     if path.exists():
-        past = list(read_events(path))
+        past = list(read_all_events(path))
         for record in past[-args.last :] if args.last else past:
             show(record)
     if args.follow:

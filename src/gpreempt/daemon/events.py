@@ -4,6 +4,11 @@ Each line has ``t`` (unix time), ``mono`` (monotonic time), ``gpu``, ``task``, `
 ``pid``, ``event`` (registered, active, idle, suspend, resume, backstop, hold, release, evict,
 restore, exit, error), ``mechanism``, ``latency_ms`` (how long the mechanism's call took) and
 ``reason``. Readers (``gpreempt events``, the bench) parse it line by line.
+
+A busy GPU logs thousands of events a second (every request of an inference server suspends
+and resumes the tasks below it), and the runtime directory often lives in memory. So the log
+is rotated: past ``max_bytes`` it becomes ``events.jsonl.1`` (replacing the previous one) and
+a new ``events.jsonl`` begins; at most twice ``max_bytes`` is kept.
 """
 
 from __future__ import annotations
@@ -36,15 +41,38 @@ EVENT_KINDS = frozenset(
 )
 
 
+#: Size at which the log is rotated, by default.
+DEFAULT_MAX_BYTES = 64 * 2**20
+
+
+def rotated_path(path: Path) -> Path:
+    """Where the previous generation of the log at ``path`` lies."""
+    return path.with_name(path.name + ".1")
+
+
 class EventLog:
     """Appends events to the log file; each write is one line, flushed at once, except inside
-    :meth:`batch`."""
+    :meth:`batch`. Rotated past ``max_bytes`` (see the module's docstring)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        self._file: IO[str] = os.fdopen(fd, "a", buffering=1)
+        self.max_bytes = max_bytes
+        self._open()
         self._held: list[dict[str, Any]] | None = None
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._size = os.fstat(fd).st_size
+        self._file: IO[str] = os.fdopen(fd, "a", buffering=1)
+
+    def _append(self, text: str) -> None:
+        """Write whole lines (ASCII: ``json.dumps`` escapes the rest), rotating after them."""
+        self._file.write(text)
+        self._size += len(text)
+        if self._size > self.max_bytes:
+            self._file.close()
+            os.replace(self.path, rotated_path(self.path))
+            self._open()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -59,7 +87,7 @@ class EventLog:
         finally:
             held, self._held = self._held, None
             if held:
-                self._file.write("".join(_line(r) for r in held))
+                self._append("".join(_line(r) for r in held))
 
     def write(
         self,
@@ -90,7 +118,7 @@ class EventLog:
         if self._held is not None:
             self._held.append(record)
         else:
-            self._file.write(_line(record))
+            self._append(_line(record))
         return record
 
     def close(self) -> None:
@@ -119,16 +147,29 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
                 yield record
 
 
+def read_all_events(path: Path) -> Iterator[dict[str, Any]]:
+    """The events of the log at ``path`` and of its previous generation, oldest first."""
+    for part in (rotated_path(path), path):
+        if part.exists():
+            yield from read_events(part)
+
+
 def follow_events(path: Path, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
-    """Events as they are appended (like ``tail -f``), starting from the end of the file."""
+    """Events as they are appended (like ``tail -f``), starting from the end of the file and
+    going on into the new file when the log is rotated."""
     while not path.exists():
         time.sleep(poll_s)
-    with open(path, encoding="utf-8", errors="replace") as f:
+    f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - reopened on rotation
+    try:
         f.seek(0, os.SEEK_END)
         partial = ""
         while True:
             chunk = f.readline()
             if not chunk:
+                if _rotated(path, f):
+                    f.close()
+                    f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                    continue
                 time.sleep(poll_s)
                 continue
             partial += chunk
@@ -138,3 +179,13 @@ def follow_events(path: Path, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
             partial = ""
             if record is not None:
                 yield record
+    finally:
+        f.close()
+
+
+def _rotated(path: Path, f: IO[str]) -> bool:
+    """Whether ``path`` names another file than the open ``f`` (the log was rotated)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False  # between the rename and the new file: look again later
