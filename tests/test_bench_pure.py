@@ -88,6 +88,9 @@ def test_event_log_periods_and_latencies(tmp_path):
     assert periods == {"case-b-0": [(10.0, 10.2)], "case-b-1": [(11.0, 11.5)]}
     assert eventlog.suspended_fraction(periods["case-b-0"], 10.0, 11.0) == pytest.approx(0.2)
     assert eventlog.read_events(tmp_path / "missing.jsonl") == []
+    # a rotated log: the previous generation first
+    (tmp_path / "events.jsonl.1").write_text(json.dumps({"t": 9.0, "event": "registered"}) + "\n")
+    assert [e["t"] for e in eventlog.read_log(log)][:2] == [9.0, 10.0]
 
 
 def _raw(name, scheduled, ends, steps=None, events=(), valid=True):

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..daemon.events import read_all_events
+
 Event = dict[str, Any]
 
 
@@ -35,6 +37,12 @@ def read_events(path: Path) -> list[Event]:
         if isinstance(value, dict):
             events.append(value)
     return events
+
+
+def read_log(path: Path) -> list[Event]:
+    """The events of the daemon's log at ``path`` and of its previous generation (the daemon
+    rotates a big log), oldest first."""
+    return list(read_all_events(path))
 
 
 def in_window(events: Iterable[Event], start: float, end: float) -> list[Event]:

@@ -391,17 +391,17 @@ class _Daemon:
 
     def events(self) -> list[dict[str, Any]]:
         """The event log so far (while the daemon runs)."""
-        return eventlog.read_events(self.runtime_dir / "events.jsonl")
+        return eventlog.read_log(self.runtime_dir / "events.jsonl")
 
     def stop(self) -> list[dict[str, Any]]:
         """SIGTERM the daemon (it resumes every task), keep its event log and log."""
         if self.child is not None:
             self.child.stop(grace_s=15)
-        for name in ("events.jsonl", "daemon.log"):
+        for name in ("events.jsonl.1", "events.jsonl", "daemon.log"):
             source = self.runtime_dir / name
             if source.exists():
                 shutil.copy(source, self.directory / name)
-        events = eventlog.read_events(self.directory / "events.jsonl")
+        events = eventlog.read_log(self.directory / "events.jsonl")
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
         return events
 
