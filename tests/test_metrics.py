@@ -26,9 +26,11 @@ def test_suspend_resume_counts_and_latency():
     m.on_suspend(0, "train", "driver_lock", 0.0021)
     m.on_suspend(0, "train", "driver_lock", 0.0004)
     m.on_suspend(1, "etl", "signal", 0.00002)
+    m.on_turn(0, "train")  # waiting for a peer's turn is not a preemption
     m.on_resume(0, "train", 1.5)
     m.on_resume(0, "train", 0.25)
     s = samples(m)
+    assert s[("gpreempt_turns_total", (("gpu", "0"), ("task", "train")))] == 1
     key = (("gpu", "0"), ("mechanism", "driver_lock"), ("task", "train"))
     assert s[("gpreempt_preemptions_total", key)] == 2
     assert s[("gpreempt_suspended_seconds_total", (("gpu", "0"), ("task", "train")))] == 1.75

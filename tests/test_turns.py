@@ -199,6 +199,9 @@ def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path)
             # the srv task is not active: whoever is suspended only waits for its turn
             assert all(t["waiting_turn"] == (t["state"] == "suspended") for t in tasks), tasks
         assert max(running) <= 1, running
+        # the srv task never became active: nobody was preempted, every stop was a turn
+        assert all(t["preemptions"] == 0 for t in peers())
+        assert sum(t["turns"] for t in peers()) >= 2
         shown = gpreempt(runtime_dir, "status").stdout
         assert "peers take 50 ms turns" in shown, shown
         before = [c.value() for c in counters]

@@ -56,8 +56,11 @@ def print_status(reply: dict[str, Any]) -> None:
         for column in ("pid", "name", "priority", "state", "active", "mechanism"):
             table.add_column(column)
         evictions = any(t.get("evicted_bytes") for t in tasks)
+        turns = any(t.get("turns") for t in tasks)
         for column in ("preemptions", "suspended s", "last suspend ms"):
             table.add_column(column, justify="right")
+        if turns:
+            table.add_column("turns waited", justify="right")
         if evictions:
             table.add_column("on host GiB", justify="right")
         for task in sorted(tasks, key=lambda t: -t["priority"]):
@@ -67,7 +70,7 @@ def print_status(reply: dict[str, Any]) -> None:
             mechanism = task["mechanism"]
             if task["last_mechanism"] and task["last_mechanism"] != mechanism:
                 mechanism += f" ({task['last_mechanism']})"
-            extra = []
+            extra = [str(task.get("turns") or 0)] if turns else []
             if evictions:
                 moved = task.get("evicted_bytes") or 0
                 extra.append(f"{moved / 2**30:.2f}" if task["state"] == "evicted" else "-")

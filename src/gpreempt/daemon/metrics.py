@@ -3,6 +3,7 @@
 Names follow Prometheus conventions and label the GPU as ``gpu`` (as dcgm-exporter does)::
 
     gpreempt_preemptions_total{gpu,task,mechanism}     suspends performed
+    gpreempt_turns_total{gpu,task}                      stops to wait for a peer's turn
     gpreempt_suspended_seconds_total{gpu,task}          time tasks spent suspended
     gpreempt_preempt_latency_seconds{gpu}               how long a suspend call took (histogram)
     gpreempt_tasks{gpu,state}                           tasks per state, now
@@ -56,6 +57,12 @@ class DaemonMetrics:
             "gpreempt_preemptions",
             "Suspensions of a task by gpreempt",
             ["gpu", "task", "mechanism"],
+            registry=r,
+        )
+        self.turns = Counter(
+            "gpreempt_turns",
+            "Stops of a task to wait for its turn among peers of equal priority",
+            ["gpu", "task"],
             registry=r,
         )
         self.suspended_seconds = Counter(
@@ -122,6 +129,9 @@ class DaemonMetrics:
         self.preemptions.labels(str(gpu), task, mechanism).inc()
         if latency_s is not None and latency_s >= 0:
             self.preempt_latency.labels(str(gpu)).observe(latency_s)
+
+    def on_turn(self, gpu: int, task: str) -> None:
+        self.turns.labels(str(gpu), task).inc()
 
     def on_resume(self, gpu: int, task: str, suspended_s: float) -> None:
         if suspended_s > 0:

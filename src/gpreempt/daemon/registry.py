@@ -53,6 +53,8 @@ class Task:
     #: Unlock right after restoring (the eviction's lock was not how the policy suspended it).
     evict_unlock: bool = False
     preemptions: int = 0
+    #: Times it was stopped to wait for its turn among peers (not counted in ``preemptions``).
+    turns: int = 0
     suspended_seconds: float = 0.0
     last_suspend_ms: float | None = None
     run_seconds: float = 0.0
@@ -142,6 +144,7 @@ class Task:
             "always_active": self.always_active,
             "held": self.held,
             "preemptions": self.preemptions,
+            "turns": self.turns,
             "suspended_seconds": round(suspended_seconds, 6),
             "last_suspend_ms": self.last_suspend_ms,
             "last_mechanism": self.suspended_with,

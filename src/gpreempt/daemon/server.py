@@ -696,7 +696,11 @@ class Daemon:
         task.suspended = True
         task.suspended_with = used
         task.suspended_since = time.monotonic()
-        task.preemptions += 1
+        turn = reason == "turn"
+        if turn:
+            task.turns += 1
+        else:
+            task.preemptions += 1
         task.last_suspend_ms = round(latency_ms, 4)
         self.events.write(
             "suspend",
@@ -705,7 +709,9 @@ class Daemon:
             latency_ms=latency_ms,
             reason=reason or ("held" if task.held else "policy"),
         )
-        if self.metrics is not None:
+        if self.metrics is not None and turn:
+            self.metrics.on_turn(task.gpu, task.name)
+        elif self.metrics is not None:
             self.metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
         return True
 
