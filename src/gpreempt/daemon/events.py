@@ -70,8 +70,12 @@ class EventLog:
         self._file.write(text)
         self._size += len(text)
         if self._size > self.max_bytes:
+            try:
+                os.replace(self.path, rotated_path(self.path))
+            except OSError:
+                self._size = 0  # keep writing here; try again after another max_bytes
+                return
             self._file.close()
-            os.replace(self.path, rotated_path(self.path))
             self._open()
 
     @contextlib.contextmanager
