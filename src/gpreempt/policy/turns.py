@@ -14,7 +14,7 @@ share before the next one starts, so that the first queue has drained before the
 the GPU never holds more than the budget of a group.
 
 Measured on an H200 with three trainers under an inference server at half load, turns
-shortened the server's wait behind them (first kernel after a 1 ms hint: 0.12-0.19 against
+shortened the server's wait behind them (first kernel after a 1 ms hint: 0.10-0.19 against
 0.58 ms at P99) and kept the trainers at least as much throughput as side by side (0.44
 against 0.40 in one run; docs/results.md). ``gpreempt serve --turn-ms 0`` turns them off.
 
