@@ -170,6 +170,22 @@ while True:
 """
 
 
+#: A PyTorch loop on CPU tensors (operators the gate sees) that writes its progress to argv[1].
+TORCH_COUNTER = """
+import os, sys, torch
+path, tmp = sys.argv[1], sys.argv[1] + ".tmp"
+x = torch.zeros(16)
+i = 0
+while True:
+    x = x + 1          # a PyTorch operator: the gate sees it
+    i += 1
+    if i % 200 == 0:
+        with open(tmp, "w") as f:
+            f.write(str(i))
+        os.replace(tmp, path)
+"""
+
+
 class Counter:
     """A CPU loop that writes its progress to a file: progress stops when it is suspended."""
 

@@ -9,23 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
 
 pytest.importorskip("torch")
-
-TORCH_COUNTER = """
-import os, sys, torch
-path, tmp = sys.argv[1], sys.argv[1] + ".tmp"
-x = torch.zeros(16)
-i = 0
-while True:
-    x = x + 1          # a PyTorch operator: the gate sees it
-    i += 1
-    if i % 200 == 0:
-        with open(tmp, "w") as f:
-            f.write(str(i))
-        os.replace(tmp, path)
-"""
 
 
 def test_gate_is_installed_and_used_by_auto(

@@ -8,7 +8,7 @@ import signal
 import sys
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
 from conftest import task_view as view
 
 from gpreempt.policy import Decision, Snapshot, decide_hpf
@@ -152,28 +152,13 @@ def test_without_turns_hpf_is_unchanged() -> None:
     assert decision.suspend == set() and decision.wake_at is None and decision.turns == set()
 
 
-TORCH_PEER = """
-import os, sys, torch
-path, tmp = sys.argv[1], sys.argv[1] + ".tmp"
-x = torch.zeros(16)
-i = 0
-while True:
-    x = x + 1          # a PyTorch operator: the gate sees it
-    i += 1
-    if i % 200 == 0:
-        with open(tmp, "w") as f:
-            f.write(str(i))
-        os.replace(tmp, path)
-"""
-
-
 def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path) -> None:
     """Three gated PyTorch loops under a registered `high` task: at any moment at most one
     runs, and each gets turns."""
     pytest.importorskip("torch")
     daemon = Daemon(runtime_dir, "--turn-ms", "50")
     script = tmp_path / "peer.py"
-    script.write_text(TORCH_PEER)
+    script.write_text(TORCH_COUNTER)
     procs = [spawn(runtime_dir, "run", "-p", "high", "--name", "srv", "--", "sleep", "120")]
     counters = []
     try:
