@@ -132,8 +132,8 @@ def test_who_takes_turns() -> None:
     groups = turn_groups(snapshot)
     assert {k: [t.task_id for t in v] for k, v in groups.items()} == {(0, -100): [2, 3]}
     # the group, 4, 5 and 7 launch side by side on GPU 0; 5 is alone on GPU 1
-    assert launch_slots(snapshot, turns=True) == {0: 4, 1: 0}
-    assert launch_slots(snapshot, turns=False) == {0: 5, 1: 0}
+    assert launch_slots(snapshot, groups) == {0: 4, 1: 0}
+    assert launch_slots(snapshot) == {0: 5, 1: 0}
     # the most important task itself never waits, nor do peers with no one above them
     assert turn_groups(Snapshot(now=0.0, tasks=(trainer(2), trainer(3)))) == {}
 

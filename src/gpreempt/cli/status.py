@@ -33,6 +33,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def state_label(task: dict[str, Any]) -> str:
+    """A task's state as the tables show it, marking a wait for a peer's turn."""
+    return str(task.get("state", "?")) + (" (turn)" if task.get("waiting_turn") else "")
+
+
 def print_status(reply: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -78,7 +83,7 @@ def print_status(reply: dict[str, Any]) -> None:
                 str(task["pid"]),
                 escape(task["name"]),
                 task["priority_name"],
-                task["state"] + (" (turn)" if task.get("waiting_turn") else ""),
+                state_label(task),
                 "yes" if task["active"] else "no",
                 mechanism,
                 str(task["preemptions"]),

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import add_runtime_dir
+from .status import state_label
 
 
 def register(subparsers: Any) -> None:
@@ -96,7 +97,7 @@ def build_frame(
             gate = t.get("gate") or {}
             state = str(t.get("state", "?"))
             style = {"suspended": "yellow", "held": "magenta", "evicted": "red"}.get(state, "")
-            shown = state + (" (turn)" if t.get("waiting_turn") else "")
+            shown = state_label(t)
             tasks.add_row(
                 num(t.get("task_id")),
                 short(str(t.get("name", "")), 24),

@@ -99,10 +99,10 @@ class Daemon:
         self.runtime_dir = runtime_dir
         self.policy_name = policy
         self.policy: Policy = get_policy(policy)
-        #: Gated peers below a more important task take turns (hpf only; policy/turns.py).
-        self.turns = policy == "hpf" and turn_ms > 0
-        self.turn_ms = turn_ms if self.turns else 0.0
-        if self.turns:
+        #: Length of the turns gated peers below a more important task take (hpf only;
+        #: policy/turns.py); 0 = they launch side by side.
+        self.turn_ms = turn_ms if policy == "hpf" and turn_ms > 0 else 0.0
+        if self.turn_ms:
             self.policy = functools.partial(
                 decide_hpf, turns=TurnSettings(turn_ms=turn_ms, budget_ms=inflight_budget_ms)
             )
@@ -619,7 +619,7 @@ class Daemon:
 
     def _share_inflight_budget(self, snapshot: Snapshot) -> None:
         """Tell each gate its share of its GPU's in-flight budget (changes only)."""
-        shares = inflight_shares(snapshot, self.inflight_budget_ms, turns=self.turns)
+        shares = inflight_shares(snapshot, self.inflight_budget_ms, turns=self.turn_ms > 0)
         for task in self.registry.tasks.values():
             share = shares.get(task.task_id)
             if share != task.window_share_ms:

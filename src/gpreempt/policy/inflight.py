@@ -11,7 +11,7 @@ its tight window by its share.
 from __future__ import annotations
 
 from .snapshot import Snapshot
-from .turns import launch_slots
+from .turns import launch_slots, turn_groups
 
 #: GPU time (ms) that the preemptible tasks of one GPU keep in flight together, by default.
 DEFAULT_BUDGET_MS = 1.0
@@ -28,7 +28,7 @@ def inflight_shares(
     """
     if budget_ms <= 0:
         return {}
-    slots = launch_slots(snapshot, turns)
+    slots = launch_slots(snapshot, turn_groups(snapshot) if turns else None)
     shares: dict[int, float] = {}
     for gpu, tasks in snapshot.by_gpu().items():
         top = max(t.priority for t in tasks)

@@ -84,12 +84,12 @@ def turn_groups(snapshot: Snapshot) -> dict[GroupKey, list[TaskView]]:
     }
 
 
-def launch_slots(snapshot: Snapshot, turns: bool) -> dict[int, int]:
+def launch_slots(
+    snapshot: Snapshot, groups: dict[GroupKey, list[TaskView]] | None = None
+) -> dict[int, int]:
     """GPU -> how many of its less important tasks may launch at the same time: each one that
-    is not held, a turn group counting once when ``turns``."""
-    grouped = (
-        {t.task_id for peers in turn_groups(snapshot).values() for t in peers} if turns else set()
-    )
+    is not held, each of the turn ``groups`` (from :func:`turn_groups`) counting once."""
+    grouped = {t.task_id for peers in (groups or {}).values() for t in peers}
     slots: dict[int, int] = {}
     for gpu, tasks in snapshot.by_gpu().items():
         top = max(t.priority for t in tasks)
@@ -113,15 +113,15 @@ def take_turns(
     """The tasks that wait for their turn now, when to look again, and the turns to remember
     (``memory`` is what the previous call returned)."""
     previous: dict[GroupKey, PeerTurn] = memory if isinstance(memory, dict) else {}
-    slots = launch_slots(snapshot, turns=True)
+    groups = turn_groups(snapshot)
+    slots = launch_slots(snapshot, groups)
+    by_gpu = snapshot.by_gpu()
     waiting: set[int] = set()
     wakes: list[float] = []
     turns: dict[GroupKey, PeerTurn] = {}
-    for key, peers in sorted(turn_groups(snapshot).items()):
+    for key, peers in sorted(groups.items()):
         gpu, priority = key
-        preempted = any(
-            t.active and not t.held and t.priority > priority for t in snapshot.by_gpu()[gpu]
-        )
+        preempted = any(t.active and not t.held and t.priority > priority for t in by_gpu[gpu])
         pause_s = settings.budget_ms / 1000 / max(1, slots[gpu])
         turn = _next(peers, previous.get(key), snapshot.now, preempted, settings, pause_s)
         turns[key] = turn
