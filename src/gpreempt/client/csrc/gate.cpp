@@ -784,15 +784,14 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
 // `name`: the operator's, or null for work RecordFunction does not see (graph replays).
 inline void before_launch(GateState* g, const char* name) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
+  if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
+    // the previous operator was being timed: this one ends its span, before any wait below
+    // (which must not count in it)
+    finish_sample(g);
+  }
   if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0 ||
                    watched_active(g->watch.load(std::memory_order_acquire)))) {
-    if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
-      finish_sample(g);  // end the timed span before the wait, which must not count in it
-    }
     wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true, true);
-  }
-  if (C10_UNLIKELY(g->sample_open.load(std::memory_order_acquire))) {
-    finish_sample(g);  // the previous operator was being timed: this one ends its span
   }
   if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
     const uint32_t* task_word = tls_task_word;
