@@ -387,3 +387,59 @@ def test_a_closed_gate_waits_for_the_daemon_even_after_the_watched_task_ends(con
     finally:
         gate.watch([])
         high.close()
+
+
+def test_a_gate_closed_only_while_watched_tasks_are_active_goes_on_when_they_end(control, impl):
+    """The daemon wrote 1 + V: the gate waits only while the tasks of its watch list V are
+    active, and goes on when they end without the daemon opening it."""
+    gate = _install(control, impl)
+    high = ControlBlock.create()
+    try:
+        gate.watch([high.address], 3)
+        high.set_requests(1)
+        control.set_gate(True)
+        control.close_while_watched(3)
+        for _ in range(2):  # the same word stops it again when the task is active again
+            ender = _set_after(lambda: high.set_requests(0), 0.3)
+            backstop = threading.Timer(3.0, control.set_gate, (False,))  # fail, not hang
+            backstop.start()
+            began = time.monotonic()
+            y = torch.ones(2) + 1
+            waited = time.monotonic() - began
+            ender.join()
+            assert 0.25 <= waited < 2.0, waited
+            assert torch.equal(y, torch.full((2,), 2.0))
+            assert control.gate_word == 3 + 1  # still closed: only the watch let it through
+            began = time.monotonic()
+            torch.ones(2) + 1  # the watched task is idle: no wait at all
+            assert time.monotonic() - began < 0.2
+            backstop.cancel()
+            control.close_while_watched(3)
+            high.set_requests(1)
+    finally:
+        gate.watch([])
+        high.close()
+
+
+@pytest.mark.parametrize("version", [2, 0])
+def test_a_gate_watching_another_list_than_the_daemon_closed_for_waits_for_the_daemon(
+    control, impl, version
+):
+    """A gate that has not yet mapped the list the daemon closed it for (version 2 here, or
+    none complete: 0) must not go on by itself: the daemon's newest list may hold a task that
+    is active."""
+    gate = _install(control, impl)
+    high = ControlBlock.create()
+    try:
+        gate.watch([high.address], version)
+        control.set_gate(True)
+        control.close_while_watched(3)  # for list 3; the watched task is idle
+        opener = _open_after(control, 0.4)
+        began = time.monotonic()
+        torch.ones(2) + 1
+        waited = time.monotonic() - began
+        opener.join()
+        assert waited >= 0.35
+    finally:
+        gate.watch([])
+        high.close()

@@ -1,10 +1,24 @@
-"""Which tasks a gate watches directly: a pure function of the snapshot."""
+"""Which tasks a gate watches directly (a pure function of the snapshot), and a gate closed
+only while those tasks are active going on by itself when they end."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+
+import pytest
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
+
+from gpreempt.control import CLOSED, ControlBlock, closed_while_watched, released_by_watch
+from gpreempt.daemon.registry import Task
+from gpreempt.daemon.server import Daemon as DaemonServer
+from gpreempt.daemon.server import Peer
 from gpreempt.policy.hpf import decide_hpf
 from gpreempt.policy.snapshot import Snapshot, TaskView
-from gpreempt.policy.watch import watch_lists
+from gpreempt.policy.turns import TurnSettings
+from gpreempt.policy.watch import waited_for, watch_lists
 
 
 def _task(task_id: int, priority: int, gpus=(0,), held=False, active=False) -> TaskView:
@@ -55,11 +69,6 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
     """The views are read-only, but a descriptor can be reopened through /proc: another
     user's block must never be sent. Also: only the blocks of tasks that outrank the receiver,
     and again only when that set changes."""
-    import os
-
-    from gpreempt.control import ControlBlock
-    from gpreempt.daemon.registry import Task
-    from gpreempt.daemon.server import Daemon, Peer
 
     class Recorder:  # stands in for a peer's connection
         def __init__(self) -> None:
@@ -68,7 +77,7 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         def send(self, message: dict, fds=()) -> None:
             self.sent.append((message, len(fds)))
 
-    daemon = Daemon(tmp_path)
+    daemon = DaemonServer(tmp_path)
     blocks = [ControlBlock.create() for _ in range(4)]
     try:
         specs = [  # task id, uid, priority
@@ -91,14 +100,185 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         sent = {task_id: peer.connection.sent for task_id, peer in daemon.peers.items()}
         assert sent[1] == []  # nobody outranks the top task
         assert sent[2] == []  # task 1 outranks it, but belongs to another user
-        assert sent[3] == [({"push": "watch", "tasks": [1]}, 1)]  # not task 2: another user
-        assert sent[4] == [({"push": "watch", "tasks": [2]}, 1)]
+        assert sent[3] == [({"push": "watch", "tasks": [1], "version": 1}, 1)]  # not task 2
+        assert sent[4] == [({"push": "watch", "tasks": [2], "version": 1}, 1)]
         assert daemon._watched_by(daemon.registry.tasks[3]) == [1]
         daemon._update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf
         daemon._update_watches()
-        assert sent[3][-1] == ({"push": "watch", "tasks": []}, 0)
+        assert sent[3][-1] == ({"push": "watch", "tasks": [], "version": 2}, 0)
     finally:
         for block in blocks:
             block.close()
+
+
+def test_the_gate_word_rule_for_closing_only_while_watched_tasks_are_active() -> None:
+
+    word = closed_while_watched(3)
+    assert word == CLOSED + 3
+    assert released_by_watch(word, 3, watched_active=False)
+    assert not released_by_watch(word, 3, watched_active=True)  # they are still active
+    assert not released_by_watch(word, 2, watched_active=False)  # an older list
+    assert not released_by_watch(word, 0, watched_active=False)  # none, or cut short
+    assert not released_by_watch(CLOSED, 0, watched_active=False)  # plainly closed
+    assert not released_by_watch(0, 0, watched_active=False)  # open: nothing to release
+    with pytest.raises(ValueError, match="start at 1"):
+        closed_while_watched(0)
+
+
+def test_hpf_says_who_waits_only_for_active_tasks_and_for_which() -> None:
+
+    snapshot = Snapshot(
+        now=0.0,
+        tasks=(
+            _task(1, 100, active=True),
+            _task(2, 50),  # idle: keeps no one waiting
+            _task(3, 0, held=True, active=True),  # held: preempts no one
+            _task(4, -100),
+            _task(5, -100, gpus=(1,)),  # alone on GPU 1
+        ),
+    )
+    decision = decide_hpf(snapshot)
+    assert decision.until_idle == decision.suspend == {2, 3, 4}
+    assert waited_for(snapshot, decision.until_idle) == {
+        2: frozenset({1}),
+        3: frozenset({1}),
+        4: frozenset({1}),
+    }
+    # gated peers taking turns: the one whose turn it is waits only for the server, the
+    # others also for their turn
+    peers = (
+        TaskView(1, 100, (0,), active=True),
+        TaskView(2, 0, (0,), active=True, gated=True),
+        TaskView(3, 0, (0,), active=True, gated=True),
+    )
+    decision = decide_hpf(Snapshot(now=0.0, tasks=peers), turns=TurnSettings())
+    assert decision.suspend == {2, 3}
+    assert len(decision.until_idle) == 1
+
+
+def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_path) -> None:
+
+    class Recorder:
+        def send(self, message: dict, fds=()) -> None:
+            pass
+
+    def build(**options) -> tuple[DaemonServer, list[ControlBlock]]:
+        daemon = DaemonServer(tmp_path, **options)
+        blocks = [ControlBlock.create() for _ in range(4)]
+        specs = [(1, 1000, 100), (2, 2000, 100), (3, 1000, -100), (4, 2000, -100)]
+        for (task_id, uid, priority), block in zip(specs, blocks, strict=True):
+            task = Task(task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate")
+            task.controls[task_id] = block
+            daemon.registry.add(task)
+            peer = Peer(task_id, Recorder(), 100 + task_id, uid, channel_task=task_id)  # type: ignore[arg-type]
+            peer.channel_ready = True
+            daemon.peers[task_id] = peer
+        daemon._update_watches()
+        return daemon, blocks
+
+    def words(daemon: DaemonServer, blocks: list[ControlBlock], active: set[int]) -> list[int]:
+        """The gate words after a decision with ``active`` tasks, trainers 3 and 4 closed."""
+        tasks = daemon.registry.tasks
+        for task in tasks.values():
+            task.was_active = task.task_id in active
+        for task_id in (3, 4):
+            tasks[task_id].suspended = True
+            blocks[task_id - 1].set_gate(True)
+        snapshot = daemon.snapshot(0.0)
+        daemon._close_while_watched(snapshot, decide_hpf(snapshot))
+        return [block.gate_word for block in blocks]
+
+    daemon, blocks = build()
+    try:
+        version = daemon.peers[3].watch_version
+        assert version >= 1
+        # user 1000's server is active: its trainer watches it and may go on by itself; the
+        # other user's trainer does not watch it and waits for the daemon
+        assert words(daemon, blocks, {1}) == [0, 0, closed_while_watched(version), CLOSED]
+        # both servers active: trainer 3 does not watch the other user's server
+        assert words(daemon, blocks, {1, 2}) == [0, 0, CLOSED, CLOSED]
+        daemon.registry.tasks[3].held = True  # `gpreempt suspend`: only the daemon reopens it
+        assert words(daemon, blocks, {1}) == [0, 0, CLOSED, CLOSED]
+        daemon.registry.tasks[3].held = False
+        assert words(daemon, blocks, {1})[2] == closed_while_watched(version)
+        daemon.registry.tasks[3].evicted = True
+        assert words(daemon, blocks, {1})[2] == CLOSED
+    finally:
+        for block in blocks:
+            block.close()
+    daemon, blocks = build(watch_resume=False)
+    try:
+        assert words(daemon, blocks, {1}) == [0, 0, CLOSED, CLOSED]
+    finally:
+        for block in blocks:
+            block.close()
+
+
+HIGH_UNTIL_RELEASED = """
+import os, sys, time
+import gpreempt
+marker, release = sys.argv[1], sys.argv[2]
+with gpreempt.request():
+    open(marker, "w").write("in")
+    while not os.path.exists(release):
+        time.sleep(0.01)
+open(marker, "w").write("out")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["watch-resume", "no-watch-resume"])
+def test_a_trainer_goes_on_when_the_request_ends_even_while_the_daemon_is_stopped(
+    runtime_dir, tmp_path, resume
+) -> None:
+    """A gated PyTorch loop stopped for a server's request: with the daemon itself frozen
+    (SIGSTOP), the loop resumes the moment the request ends, by its gate's watch alone. With
+    ``--no-watch-resume`` it waits for the daemon."""
+
+    pytest.importorskip("torch")
+    daemon = Daemon(runtime_dir, *([] if resume else ["--no-watch-resume"]))
+    (tmp_path / "low.py").write_text(TORCH_COUNTER)
+    (tmp_path / "high.py").write_text(HIGH_UNTIL_RELEASED)
+    counter = Counter(tmp_path / "progress")
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    procs = [
+        spawn(
+            runtime_dir, "run", "-p", "low", "--mechanism", "gate", "--name", "trainer", "--",
+            sys.executable, str(tmp_path / "low.py"), str(counter.path),
+        )
+    ]  # fmt: skip
+
+    def trainer() -> dict:
+        reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+        return next((t for t in reply["tasks"] if t["name"] == "trainer"), {})
+
+    try:
+        assert wait_for(lambda: (trainer().get("gate") or {}).get("installed"), 120), trainer()
+        procs.append(
+            spawn(
+                runtime_dir, "run", "-p", "high", "--name", "server", "--",
+                sys.executable, str(tmp_path / "high.py"), str(marker), str(release),
+            )
+        )  # fmt: skip
+        assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 20)
+        assert wait_for(lambda: trainer().get("state") == "suspended", 10), trainer()
+        assert counter.progress_over(0.3) == 0, "the trainer ran inside the request"
+        os.kill(daemon.process.pid, signal.SIGSTOP)
+        try:
+            release.touch()
+            assert wait_for(lambda: marker.read_text() == "out", 10)
+            before = counter.value()
+            went_on = wait_for(lambda: counter.value() > before, 2.0)
+        finally:
+            os.kill(daemon.process.pid, signal.SIGCONT)
+        assert went_on == resume
+        before = counter.value()
+        assert wait_for(lambda: counter.value() > before, 10), "the daemon did not resume it"
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(20)
+        daemon.stop()

@@ -11,12 +11,20 @@ waiting on ``gate_closed`` (a futex) when it opens it, and may hand read-only de
 block to the gates of the same user's less important tasks, which then watch its activity
 words (:class:`ActivityView`, ``gpreempt.policy.watch``).
 
+A gate the daemon closed only because such a watched task is active resumes by itself the
+moment none is, without waiting for the daemon to notice and open it: the daemon then writes
+``1 + V`` instead of ``1``, V being the version of the watch list it sent that connection, so
+a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
+daemon (:func:`released_by_watch`).
+
 Layout (little endian, 64 bytes):
 
 ======  =====  ==================================================================
 offset  type   meaning
 ======  =====  ==================================================================
-0       u32    gate_closed: nonzero = launch nothing (written by the daemon)
+0       u32    gate_closed: nonzero = launch nothing (written by the daemon); 1 + V
+               (V >= 1) = only while a watched task is active: a gate whose watch
+               list has version V goes on by itself once none is
 4       u32    generation: bumped by the daemon on every gate change
 8       u32    requests: open ``request()`` scopes in the process (client)
 12      u32    auto_active: 1 while auto-detected GPU work is in flight (client)
@@ -61,6 +69,26 @@ OFF_WINDOW = 40
 OFF_GATE_INSTALLED = 44
 OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
+
+
+#: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it.
+CLOSED = 1
+
+
+def closed_while_watched(version: int) -> int:
+    """``gate_closed`` for a gate closed only while the tasks of watch list ``version`` (>= 1)
+    are active."""
+    if version < 1:
+        raise ValueError(f"watch list versions start at 1, got {version}")
+    return CLOSED + version
+
+
+def released_by_watch(word: int, version: int, watched_active: bool) -> bool:
+    """Whether a gate whose ``gate_closed`` reads ``word`` may launch by itself: the daemon
+    closed it only while its watched tasks are active, the gate watches exactly that list
+    (``version``, 0 = none or incomplete), and none of them is active. The native gate has the
+    same rule."""
+    return word > CLOSED and version > 0 and word - CLOSED == version and not watched_active
 
 
 def wants_gpu(requests: int, auto_active: int, hinted: int) -> bool:
@@ -119,6 +147,18 @@ class ControlBlock:
         self._set32(OFF_GENERATION, (self._get32(OFF_GENERATION) + 1) & 0xFFFFFFFF)
         if not closed:
             futex.wake(self._address + OFF_GATE_CLOSED)
+
+    def close_while_watched(self, version: int) -> None:
+        """Keep a closed gate closed only while the tasks of watch list ``version`` are active
+        (daemon); :meth:`set_gate` closes it again for good. Wakes the gate's sleeping
+        threads: they poll the watched tasks from now on."""
+        self._set32(OFF_GATE_CLOSED, closed_while_watched(version))
+        futex.wake(self._address + OFF_GATE_CLOSED)
+
+    @property
+    def gate_word(self) -> int:
+        """``gate_closed`` as stored: 0 open, :data:`CLOSED`, or :func:`closed_while_watched`."""
+        return self._get32(OFF_GATE_CLOSED)
 
     def set_window_share(self, ms: float | None) -> None:
         """Bound the gate's tight window to ``ms`` of GPU time; None lifts the bound (daemon)."""

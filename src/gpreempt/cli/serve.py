@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stops at its next operator when one starts, without waiting for the daemon",
     )
     parser.add_argument(
+        "--no-watch-resume",
+        action="store_true",
+        help="a gate stopped for a more important task waits for this daemon to open it again; "
+        "by default a gate that watches every task it waits for goes on by itself the moment "
+        "none of them is active",
+    )
+    parser.add_argument(
         "--shared",
         action="store_true",
         help="(root only) let every user's processes register; each still acts only on its own",
@@ -108,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         inflight_budget_ms=args.inflight_budget_ms,
         backstop_ms=args.backstop_ms,
         watch=not args.no_watch,
+        watch_resume=not args.no_watch_resume,
         turn_ms=args.turn_ms,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )

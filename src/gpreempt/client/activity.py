@@ -41,11 +41,7 @@ def should_yield() -> bool:
     """True while a more important task on this GPU wants it: the daemon closed our gate, or
     a task we watch (one of our user's tasks that outrank us there) is active."""
     current = session.current()
-    return current is not None and current.connected and _held(current)
-
-
-def _held(current: session.Session) -> bool:
-    return current.control.gate_closed or current.watched_active()
+    return current is not None and current.connected and current.must_wait()
 
 
 def yield_point(poll_s: float = 0.0005) -> float:
@@ -55,9 +51,9 @@ def yield_point(poll_s: float = 0.0005) -> float:
     be stopped wherever it is.
     """
     current = session.current()
-    if current is None or not _held(current):
+    if current is None or not current.must_wait():
         return 0.0
     start = time.perf_counter()
-    while current.connected and _held(current):
+    while current.connected and current.must_wait():
         time.sleep(poll_s)
     return time.perf_counter() - start

@@ -53,6 +53,7 @@ from ..control import (
     OFF_WINDOW_SHARE_US,
     SIZE,
     ControlBlock,
+    released_by_watch,
     words_want_gpu,
 )
 from ..errors import UsageError
@@ -234,16 +235,19 @@ class Gate:
         if self._installed:
             self._impl.drain()
 
-    def watch(self, addresses: Sequence[int]) -> None:
+    def watch(self, addresses: Sequence[int], version: int = 0) -> None:
         """Also stop while one of these control blocks (mapped read-only at these addresses)
         says its task is active; replaces the previous list, ``[]`` clears it.
 
         The session calls it with what the daemon sends (the blocks of the tasks that outrank
         this one), so the gate stops at its next operator when one of them starts, without
-        waiting for the daemon to close it. The mappings must outlive their use here.
+        waiting for the daemon to close it. ``version``: the daemon's number for that list
+        (0 = none, or not all of it mapped); a gate the daemon closed only while the tasks of
+        that very list are active goes on by itself once none is
+        (:func:`gpreempt.control.released_by_watch`). The mappings must outlive their use here.
         """
         if self._installed:
-            self._impl.watch(list(addresses))
+            self._impl.watch(list(addresses), version)
 
     def bind_thread(self, word_address: int, unbounded: bool = False) -> None:
         """Make the calling thread also wait while the u32 at ``word_address`` is nonzero.
@@ -479,8 +483,8 @@ class _NativeImpl:
     def bind_thread(self, word_address: int, unbounded: bool) -> None:
         self._module.bind_thread(word_address, unbounded)
 
-    def watch(self, addresses: list[int]) -> None:
-        self._module.watch(addresses)
+    def watch(self, addresses: list[int], version: int) -> None:
+        self._module.watch(addresses, version)
 
     def set_default_task_word(self, word_address: int) -> None:
         self._module.set_default_task_word(word_address)
@@ -520,6 +524,7 @@ class _PythonImpl:
         self._thread_task = threading.local()
         self._default_task_word: Any = None
         self._watched: tuple[Any, ...] = ()  # u32 arrays over read-only control blocks
+        self._watch_version = 0
         self._counter = itertools.count(1)
         self._launches = 0
         self._next_mark = config.record_every
@@ -572,7 +577,7 @@ class _PythonImpl:
     def before_launch(self) -> None:
         n = next(self._counter)
         self._launches = n
-        if self._ctl.closed.value or self._watched_active():
+        if self._must_wait(self._ctl.closed.value):
             self._wait_open(self._ctl.closed, watch=True, woken=True)
         task_word = getattr(self._thread_task, "word", None) or self._default_task_word
         if task_word is not None and task_word.value:
@@ -598,12 +603,23 @@ class _PythonImpl:
             ctypes.c_uint32.from_address(word_address) if word_address else None
         )
 
-    def watch(self, addresses: list[int]) -> None:
+    def watch(self, addresses: list[int], version: int) -> None:
         words = ctypes.c_uint32 * (SIZE // 4)
-        self._watched = tuple(words.from_address(a) for a in addresses if a)
+        watched = tuple(words.from_address(a) for a in addresses if a)
+        self._watched, self._watch_version = watched, version if watched else 0
 
     def _watched_active(self) -> bool:
         return any(words_want_gpu(words) for words in self._watched)
+
+    def _closed_while_watched(self, closed: int) -> bool:
+        """``closed`` holds the gate only while the watched tasks are active."""
+        return released_by_watch(closed, self._watch_version, False)
+
+    def _must_wait(self, closed: int) -> bool:
+        """Whether the gate's own word ``closed`` (or the watched tasks) stop the launch."""
+        if closed and not self._closed_while_watched(closed):
+            return True
+        return self._watched_active()
 
     def _wait_open(self, word: Any, watch: bool = False, woken: bool = False) -> None:
         """Wait while ``word`` is set or, with ``watch``, a watched task is active. ``woken``:
@@ -615,9 +631,9 @@ class _PythonImpl:
         self._last_closed = start
         self._waits += 1
         self._ctl.waits.value = self._waits
-        while (word.value or (watch and self._watched_active())) and self._installed:
+        while self._installed and (self._must_wait(word.value) if watch else word.value):
             closed = word.value
-            if woken and closed:
+            if woken and closed and not (watch and self._closed_while_watched(closed)):
                 futex.wait(ctypes.addressof(word), closed, CLOSED_SLEEP_S)
             else:
                 time.sleep(POLL_US / 1e6)

@@ -10,7 +10,8 @@ hands the same control block to the next daemon that serves the runtime director
 
 The daemon may also send the session read-only views of the control blocks of the tasks that
 outrank it (see :mod:`gpreempt.policy.watch`); the session hands their addresses to the gate,
-which then stops by itself while one of them is active.
+which then stops by itself while one of them is active, and goes on by itself once none is if
+the daemon closed it only for them (:func:`gpreempt.control.released_by_watch`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from typing import Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID
-from ..control import ActivityView, ControlBlock
+from ..control import ActivityView, ControlBlock, released_by_watch
 from ..errors import DaemonUnavailable, GpreemptError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
@@ -56,6 +57,8 @@ class Session:
         self._lock = threading.Lock()
         self._watch_lock = threading.Lock()
         self._watched: list[ActivityView] = []
+        #: The daemon's version of the list in ``_watched``; 0 = none, or not all of it mapped.
+        self._watch_version = 0
         self._retired: list[tuple[float, ActivityView]] = []
         self._watcher = threading.Thread(target=self._watch, name="gpreempt-session", daemon=True)
         self._watcher.start()
@@ -71,14 +74,15 @@ class Session:
                 while (item := connection.receive()) is not None:
                     message, fds = item
                     if message.get("push") == "watch":
-                        self._set_watched(fds)
+                        version = message.get("version", 0)
+                        self._set_watched(fds, version if isinstance(version, int) else 0)
                     else:
                         for fd in fds:
                             os.close(fd)
             except (OSError, ProtocolError):
                 pass
             self.connected = False
-            self._set_watched([])
+            self._set_watched([], 0)
             try:
                 self.control.set_gate(False)
             except (ValueError, TypeError):
@@ -107,7 +111,7 @@ class Session:
         """The process's gate is installed: it watches what the daemon said to watch."""
         with self._watch_lock:
             self.gate = gate
-            gate.watch([view.address for view in self._watched])
+            gate.watch([view.address for view in self._watched], self._watch_version)
 
     def watched_active(self) -> bool:
         """Whether a task that outranks this one on its GPU is active right now, as read from
@@ -117,22 +121,31 @@ class Session:
         with self._watch_lock:
             return any(view.is_active() for view in self._watched)
 
-    def _set_watched(self, fds: list[int]) -> None:
-        """Map the blocks the daemon sent (taking their fds) and watch them instead."""
+    def must_wait(self) -> bool:
+        """Whether the process should launch nothing now: its gate is closed (and not only
+        while watched tasks are active that no longer are), or a watched task is active."""
+        word = self.control.gate_word
+        active = self.watched_active()
+        return active or (word != 0 and not released_by_watch(word, self._watch_version, active))
+
+    def _set_watched(self, fds: list[int], version: int) -> None:
+        """Map the blocks the daemon sent (taking their fds) and watch them instead, as the
+        daemon's list ``version``."""
         views = []
         for fd in fds:
             try:
                 views.append(ActivityView(fd))
             except OSError:
-                pass  # this one is not watched; the daemon's own closing still applies
+                version = 0  # not the list the daemon versioned: its own closing still applies
             finally:
                 os.close(fd)
         now = time.monotonic()
         with self._watch_lock:
             if self.gate is not None:
-                self.gate.watch([view.address for view in views])
+                self.gate.watch([view.address for view in views], version)
             self._retired += [(now, view) for view in self._watched]
             self._watched = views
+            self._watch_version = version
             keep = []
             for since, view in self._retired:
                 if now - since > UNMAP_AFTER_S:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import EVENTS_NAME, LOCK_NAME, SOCKET_NAME, STATE_NAME, ensure_private_dir
-from ..control import ControlBlock
+from ..control import CLOSED, ControlBlock, closed_while_watched
 from ..errors import (
     DaemonAlreadyRunning,
     GpreemptError,
@@ -40,7 +40,7 @@ from ..policy import Decision, Policy, Snapshot, get_policy
 from ..policy.hpf import decide_hpf
 from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
 from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
-from ..policy.watch import watch_lists
+from ..policy.watch import waited_for, watch_lists
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, read_process
 from ..protocol import MAX_FDS, OPS, Connection, Message, error_reply
@@ -71,6 +71,8 @@ class Peer:
     channel_ready: bool = False
     #: The control blocks its gate watches, as (task id, connection id) pairs.
     watching: tuple[tuple[int, int], ...] = ()
+    #: The version of that list, sent with it (0: none sent yet).
+    watch_version: int = 0
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -93,6 +95,7 @@ class Daemon:
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         backstop_ms: float = DEFAULT_DELAY_MS,
         watch: bool = True,
+        watch_resume: bool = True,
         turn_ms: float = DEFAULT_TURN_MS,
         log: Callable[[str], None] | None = None,
     ) -> None:
@@ -113,6 +116,8 @@ class Daemon:
         self.backstop_ms = backstop_ms
         #: Gates watch the activity of the tasks that outrank them (hpf only; policy/watch.py).
         self.watch = watch and policy == "hpf"
+        #: A gate closed only for watched tasks goes on by itself once they are idle.
+        self.watch_resume = watch_resume and self.watch
         self._watch_signature: tuple[Any, ...] | None = None
         self.log = log or (lambda message: None)
         self.registry = Registry()
@@ -611,6 +616,7 @@ class Daemon:
                 self._publish_states()
         self._share_inflight_budget(snapshot)
         self._update_watches(snapshot)
+        self._close_while_watched(snapshot, decision)
         self.backstop.apply(now)
         due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
@@ -655,14 +661,59 @@ class Daemon:
             blocks = blocks[:MAX_FDS]  # beyond that, the daemon's own closing still applies
             key = tuple((high_id, conn) for high_id, conn, _c in blocks)
             if key != peer.watching:
+                peer.watch_version += 1
                 self._send_watch(peer, blocks)
                 peer.watching = key
+
+    def _close_while_watched(self, snapshot: Snapshot, decision: Decision) -> None:
+        """Let each suspended gate whose only reason to wait is the activity of tasks it
+        watches go on by itself once they are idle (policy/watch.py); close every other
+        suspended gate plainly. Changes only."""
+        tasks = self.registry.tasks
+        waits = waited_for(snapshot, decision.until_idle) if self.watch_resume else {}
+        for task in tasks.values():
+            free = (
+                task.suspended
+                and not task.held
+                and not task.evicted
+                and task.mechanism in ("gate", "auto")
+            )
+            causes = [tasks.get(i) for i in waits.get(task.task_id, ())] if free else []
+            for conn, control in task.controls.items():
+                word = control.gate_word
+                if word == 0:
+                    continue  # open, or not this mechanism's to close
+                peer = self.peers.get(conn)
+                watched = set(peer.watching) if peer is not None else set()
+                if (
+                    causes
+                    and peer is not None
+                    and all(
+                        high is not None
+                        and not high.always_active
+                        and high.controls
+                        and all((high.task_id, c) in watched for c in high.controls)
+                        for high in causes
+                    )
+                ):
+                    wanted = closed_while_watched(peer.watch_version)
+                else:
+                    wanted = CLOSED
+                if word != wanted:
+                    if wanted == CLOSED:
+                        control.set_gate(True)
+                    else:
+                        control.close_while_watched(peer.watch_version)
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
         fds: list[int] = []
         try:
             fds = [control.read_only_fd() for _t, _c, control in blocks]
-            message = {"push": "watch", "tasks": [task_id for task_id, _c, _b in blocks]}
+            message = {
+                "push": "watch",
+                "tasks": [task_id for task_id, _c, _b in blocks],
+                "version": peer.watch_version,
+            }
             peer.connection.send(message, fds)
         except (OSError, ProtocolError) as exc:
             self.log(f"cannot send the watch list to process {peer.pid}: {exc}")

@@ -25,11 +25,12 @@ def decide_hpf(
         top = max(running)
         suspend.update(t.task_id for t in tasks if t.priority < top)
     if turns is None:
-        return Decision(suspend=frozenset(suspend))
+        return Decision(suspend=frozenset(suspend), until_idle=frozenset(suspend))
     waiting, wake_at, memory = take_turns(snapshot, memory, turns)
     return Decision(
         suspend=frozenset(suspend | waiting),
         wake_at=wake_at,
         memory=memory,
         turns=waiting - suspend,
+        until_idle=frozenset(suspend - waiting),
     )

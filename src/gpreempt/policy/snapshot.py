@@ -66,3 +66,6 @@ class Decision:
     memory: Any = field(default=None, compare=False)
     #: The tasks in ``suspend`` only because a peer of equal priority has the turn.
     turns: frozenset[int] = frozenset()
+    #: The tasks in ``suspend`` only because a more important task is active: they may run
+    #: the moment none is (a gate that watches those tasks goes on by itself; policy/watch.py).
+    until_idle: frozenset[int] = frozenset()

@@ -92,7 +92,12 @@ constexpr size_t kMaxWatched = 8;
 struct WatchList {
   size_t n = 0;
   const uint8_t* blocks[kMaxWatched] = {};
+  uint32_t version = 0;  // the daemon's version of this list; 0 = incomplete, never matches
 };
+
+// gate_closed of a plain closed gate; 1 + V (V >= 1): closed only while the tasks of watch list
+// V are active (gpreempt.control.closed_while_watched).
+constexpr uint32_t kClosed = 1;
 
 enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
 
@@ -337,6 +342,16 @@ inline bool watched_active(const WatchList* w) {
     }
   }
   return false;
+}
+
+// Whether a gate whose gate_closed reads `word` must wait, given its watch list `w`: the rule of
+// gpreempt.control.released_by_watch. A gate the daemon closed only while the tasks of watch
+// list V are active (word 1 + V), and that watches exactly list V, waits only while one is.
+inline bool closed_while_watched(uint32_t word, const WatchList* w) {
+  return word > kClosed && w != nullptr && w->version != 0 && word - kClosed == w->version;
+}
+inline bool must_wait(uint32_t word, const WatchList* w) {
+  return word == 0 || closed_while_watched(word, w) ? watched_active(w) : true;
 }
 
 void ring(GateState* g) {
@@ -622,8 +637,10 @@ void finish_sample(GateState* g) {
 // peer that waits for its turn a core's worth of wake-ups.
 constexpr int64_t kClosedSleepNs = 1000000;
 
-// Waits while `word` is nonzero or, with `watch`, while a watched task is active. `woken`: whoever
-// opens `word` wakes its waiters (the daemon's gate_closed), so a closed word needs no polling.
+// Waits while `word` is nonzero or, with `watch`, while must_wait() says so (the gate's own word,
+// under its watch list). `woken`: whoever opens `word` wakes its waiters (the daemon's
+// gate_closed), so a closed word needs no polling; one closed only while watched tasks are
+// active is polled, since they open it without a wake.
 void wait_open(GateState* g, const uint32_t* word, bool watch, bool woken) {
   if (g->captures.load(std::memory_order_relaxed) > 0) {
     return;  // an operator being captured into a graph launches nothing now
@@ -637,7 +654,8 @@ void wait_open(GateState* g, const uint32_t* word, bool watch, bool woken) {
   int64_t last_reap = start;
   for (int spins = 0;;) {
     const uint32_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
-    if (seen == 0 && !(watch && watched_active(g->watch.load(std::memory_order_acquire)))) {
+    const WatchList* list = watch ? g->watch.load(std::memory_order_acquire) : nullptr;
+    if (watch ? !must_wait(seen, list) : seen == 0) {
       break;
     }
     if (g->uninstalled.load(std::memory_order_relaxed)) {
@@ -661,10 +679,10 @@ void wait_open(GateState* g, const uint32_t* word, bool watch, bool woken) {
         }
       }
     }
-    if (seen != 0) {
+    if (seen != 0 && !closed_while_watched(seen, list)) {
       wait_word(word, seen, woken ? kClosedSleepNs : poll);
     } else {
-      sleep_ns(poll);  // a watched task's words: polled
+      sleep_ns(poll);  // a watched task's words: polled (its end wakes no one here)
     }
   }
   const int64_t end = now_ns();
@@ -789,8 +807,8 @@ inline void before_launch(GateState* g, const char* name) {
     // (which must not count in it)
     finish_sample(g);
   }
-  if (C10_UNLIKELY(load32(g->ctl, kOffGateClosed) != 0 ||
-                   watched_active(g->watch.load(std::memory_order_acquire)))) {
+  if (C10_UNLIKELY(
+          must_wait(load32(g->ctl, kOffGateClosed), g->watch.load(std::memory_order_acquire)))) {
     wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true, true);
   }
   if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
@@ -1157,7 +1175,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
-  m.def("watch", [](const std::vector<uintptr_t>& addresses) {
+  m.def("watch", [](const std::vector<uintptr_t>& addresses, uint32_t version) {
     GateState* g = g_gate.load();
     if (g == nullptr) {
       return;
@@ -1170,6 +1188,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           fresh->blocks[fresh->n++] = reinterpret_cast<const uint8_t*>(a);
         }
       }
+      // a list cut short is not the one the daemon versioned
+      fresh->version = fresh->n == addresses.size() ? version : 0;
       list = fresh;
     }
     g->watch.store(list, std::memory_order_release);
