@@ -13,7 +13,7 @@ words (:class:`ActivityView`, ``gpreempt.policy.watch``).
 
 A gate the daemon closed only because such a watched task is active resumes by itself the
 moment none is, without waiting for the daemon to notice and open it: the daemon then writes
-``1 + V`` instead of ``1``, V being the version of the watch list it sent that connection, so
+``2V`` instead of ``1``, V being the version of the watch list it sent that connection, so
 a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
 daemon (:func:`released_by_watch`).
 
@@ -22,9 +22,10 @@ Layout (little endian, 64 bytes):
 ======  =====  ==================================================================
 offset  type   meaning
 ======  =====  ==================================================================
-0       u32    gate_closed: nonzero = launch nothing (written by the daemon); 1 + V
-               (V >= 1) = only while a watched task is active: a gate whose watch
-               list has version V goes on by itself once none is
+0       u32    gate_closed: nonzero = launch nothing (written by the daemon); 1
+               (odd) = closed; 2V (V >= 1, even) = only while a watched task is
+               active: a gate whose watch list has version V goes on by itself
+               once none is
 4       u32    generation: bumped by the daemon on every gate change
 8       u32    requests: open ``request()`` scopes in the process (client)
 12      u32    auto_active: 1 while auto-detected GPU work is in flight (client)
@@ -71,16 +72,17 @@ OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
 
 
-#: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it.
+#: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
+#: stream barrier can wait for bit 0 alone (docs/gate.md).
 CLOSED = 1
 
 
 def closed_while_watched(version: int) -> int:
     """``gate_closed`` for a gate closed only while the tasks of watch list ``version`` (>= 1)
-    are active."""
-    if version < 1:
-        raise ValueError(f"watch list versions start at 1, got {version}")
-    return CLOSED + version
+    are active: even, bit 0 clear."""
+    if not 1 <= version < 2**31:
+        raise ValueError(f"watch list versions run from 1 to 2**31 - 1, got {version}")
+    return 2 * version
 
 
 def released_by_watch(word: int, version: int, watched_active: bool) -> bool:
@@ -88,7 +90,8 @@ def released_by_watch(word: int, version: int, watched_active: bool) -> bool:
     closed it only while its watched tasks are active, the gate watches exactly that list
     (``version``, 0 = none or incomplete), and none of them is active. The native gate has the
     same rule."""
-    return word > CLOSED and version > 0 and word - CLOSED == version and not watched_active
+    ours = word != 0 and word % 2 == 0 and version > 0 and word // 2 == version
+    return ours and not watched_active
 
 
 def wants_gpu(requests: int, auto_active: int, hinted: int) -> bool:

@@ -246,3 +246,47 @@ def test_dataloader_workers_run_under_an_installed_gate(control):
     )
     total = sum(float(batch[0].sum()) for batch in loader)
     assert total == float(sum(range(256)))
+
+
+def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_active(control):
+    """With barriers, a watched task's request holds this process's queued work at the next
+    barrier on the GPU while the CPU goes on launching; the work completes once it ends. A
+    plain close by the daemon holds it too (bit 0 of gate_closed)."""
+    high = ControlBlock.create()
+    try:
+        gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+        gate.watch([high.address], 1)
+        _matmuls(20)
+        torch.cuda.synchronize()
+        assert gate.stats()["barriers"], gate.stats()["error"]
+        high.set_requests(1)
+        control.set_gate(True)
+        control.close_while_watched(1)  # as the daemon writes it for a watched-only closure
+        began = time.monotonic()
+        out = _matmuls(200)  # the CPU is not stopped: the GPU holds the work
+        done = torch.cuda.Event()
+        done.record()
+        launched = time.monotonic() - began
+        time.sleep(0.3)
+        held = not done.query()
+        high.set_requests(0)
+        done.synchronize()
+        assert held, "the GPU ran the work while the watched task was active"
+        assert launched < 5.0
+        assert gate.stats()["barriers_put"] > 0
+        assert torch.isfinite(out).all()
+        control.set_gate(False)
+        # a plain close holds what is already queued at its next barrier
+        out = _matmuls(200)
+        control.set_gate(True)
+        done = torch.cuda.Event()
+        done.record()
+        time.sleep(0.3)
+        held = not done.query()
+        control.set_gate(False)
+        done.synchronize()
+        assert held, "the GPU ran queued work while the gate was closed"
+        assert gate.stats()["error"] is None
+    finally:
+        gate_mod.current_gate() and gate_mod.current_gate().uninstall()
+        high.close()

@@ -47,6 +47,8 @@ def install_gate_for(current: session.Session) -> Any:
         bound=_flag(ENV_GATE_BOUND, current.priority < NAMED["high"]),
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
         idle_grace_ms=idle_grace_ms(),
+        # a lock behind the gate (auto) would wait for work held at a barrier
+        barrier_ms=None if current.mechanism == "gate" else 0.0,
     )
     current.use_gate(gate)
     return gate

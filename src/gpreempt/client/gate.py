@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import math
 import os
 import sys
 import threading
@@ -66,6 +67,7 @@ ENV_MODE = "GPREEMPT_GATE_MODE"
 ENV_HOLD_MS = "GPREEMPT_GATE_HOLD_MS"
 ENV_NATIVE = "GPREEMPT_GATE_NATIVE"
 ENV_OP_COSTS = "GPREEMPT_GATE_OP_COSTS"
+ENV_BARRIER_MS = "GPREEMPT_GATE_BARRIER_MS"
 
 MODES = ("adaptive", "tight", "open")
 
@@ -101,6 +103,8 @@ class GateConfig:
     mode: str  # adaptive | tight | open
     idle_grace_ms: float  # quiet time before auto_active drops back to 0
     op_costs: bool = True  # count each operator at its own timed cost (native gate only)
+    #: GPU time between two stream barriers (native gate, NVIDIA); 0 = no barriers
+    barrier_ms: float = 0.0
 
 
 def _env_number(name: str, kind: type, minimum: float) -> Any:
@@ -151,6 +155,7 @@ def resolve_config(
     mode: str | None = None,
     idle_grace_ms: float = 2.0,
     op_costs: bool | None = None,
+    barrier_ms: float | None = None,
 ) -> GateConfig:
     """Parameters win over environment variables, which win over the defaults."""
     k = int(_pick(record_every, _env_number(ENV_K, int, 1), DEFAULT_RECORD_EVERY))
@@ -172,6 +177,9 @@ def resolve_config(
         if value < 1:
             raise UsageError(f"{label} must be >= 1, got {value}")
     costs = _pick(op_costs, _env_switch(ENV_OP_COSTS), True)
+    barrier = float(_pick(barrier_ms, _env_number(ENV_BARRIER_MS, float, 0), 0.0))
+    if not 0 <= barrier < math.inf:
+        raise UsageError(f"barrier_ms must be a finite number of ms, 0 or more, not {barrier}")
     if tight_ms < 0 or open_ms < 0 or hold < 0 or idle_grace_ms < 0:
         raise UsageError("window_ms, open_window_ms, tight_hold_ms and idle_grace_ms must be >= 0")
     open_k = max(k, 128)
@@ -188,6 +196,7 @@ def resolve_config(
         mode=chosen_mode,
         idle_grace_ms=float(idle_grace_ms),
         op_costs=bool(costs),
+        barrier_ms=barrier,
     )
 
 
@@ -305,6 +314,7 @@ def install_gate(
     tight_hold_ms: float | None = None,
     mode: str | None = None,
     op_costs: bool | None = None,
+    barrier_ms: float | None = None,
 ) -> Gate:
     """Install the launch gate for this process and return it.
 
@@ -320,6 +330,11 @@ def install_gate(
     ``prefer_native``: use the C++ hook, building it if needed (``GPREEMPT_GATE_NATIVE=0``
     forces the Python fallback). ``op_costs`` (``GPREEMPT_GATE_OP_COSTS``, on): the native gate
     times operators now and then and counts each at its own GPU time, not at the average.
+    ``barrier_ms`` (``GPREEMPT_GATE_BARRIER_MS``, 0 = off; experimental): every that much
+    estimated GPU time, the native gate of a bound task puts stream barriers on the current
+    CUDA stream that hold its queued work on the GPU while a watched task is active or the
+    daemon closed the gate; the CPU then keeps launching ahead instead of stopping. NVIDIA
+    only (CUDA stream memory operations); ignored by the Python fallback.
 
     Raises UsageError for bad settings and RuntimeError if a gate is already installed.
     """
@@ -338,6 +353,7 @@ def install_gate(
         mode=mode,
         idle_grace_ms=idle_grace_ms,
         op_costs=op_costs,
+        barrier_ms=barrier_ms,
     )
     with _install_lock:
         if _current is not None and _current.installed:
@@ -458,6 +474,8 @@ class _NativeImpl:
             _cuda_initialized(torch),
             config.op_costs,
         )
+        if config.barrier_ms > 0 and config.bound:
+            module.set_barriers(config.barrier_ms)
 
     def uninstall(self) -> None:
         self._module.uninstall()

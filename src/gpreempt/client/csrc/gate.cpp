@@ -19,7 +19,13 @@
 //     _foreach_ updates over every parameter) cannot fill the GPU for milliseconds behind a
 //     window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
-//     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time.
+//     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time;
+//   * with stream barriers (NVIDIA, opt-in): every `barrier` of estimated GPU time, put waits on
+//     the current stream for the gate's own word and the watched tasks' activity words (CUDA
+//     stream memory operations on the registered control blocks). The GPU then stops this
+//     process's queued work at the next barrier the moment a watched task becomes active, and
+//     goes on the moment it ends, with no CPU in between; the CPU no longer stops for a watched
+//     task and keeps launching ahead, up to the open window.
 //
 // Device work goes through c10's device-generic DeviceGuardImplInterface (CUDA and ROCm builds
 // register theirs under DeviceType::CUDA), so this file needs no CUDA headers and builds
@@ -35,6 +41,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
@@ -55,6 +62,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -95,8 +103,8 @@ struct WatchList {
   uint32_t version = 0;  // the daemon's version of this list; 0 = incomplete, never matches
 };
 
-// gate_closed of a plain closed gate; 1 + V (V >= 1): closed only while the tasks of watch list
-// V are active (gpreempt.control.closed_while_watched).
+// gate_closed of a plain closed gate (odd); 2V (V >= 1): closed only while the tasks of watch
+// list V are active (gpreempt.control.closed_while_watched). A stream barrier waits for bit 0.
 constexpr uint32_t kClosed = 1;
 
 enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
@@ -278,6 +286,12 @@ struct GateState {
   std::atomic<bool> tight_now{false};
   std::atomic<const WatchList*> watch{nullptr};
   uint32_t seen_generation = 0;  // guarded by mu
+  // stream barriers: on while `barrier_ns` > 0 and nothing failed; the next one is due once the
+  // estimated work launched reaches next_barrier_work
+  std::atomic<bool> barriers{false};
+  uint64_t barrier_ns = 0;
+  std::atomic<uint64_t> next_barrier_work{0};
+  std::atomic<uint64_t> barriers_put{0};
 
   std::mutex mu;  // guards everything below, and all event calls
   std::deque<Pending> fifo;
@@ -293,6 +307,7 @@ struct GateState {
   std::deque<Sample> samples;  // timings waiting for their `after` event
   std::vector<KnownStream> streams;
   std::string error;
+  std::unordered_map<uintptr_t, uint64_t> device_pages;  // host page -> its device address
 
   std::mutex publish_mu;
   std::mutex bg_mu;
@@ -348,10 +363,15 @@ inline bool watched_active(const WatchList* w) {
 // gpreempt.control.released_by_watch. A gate the daemon closed only while the tasks of watch
 // list V are active (word 1 + V), and that watches exactly list V, waits only while one is.
 inline bool closed_while_watched(uint32_t word, const WatchList* w) {
-  return word > kClosed && w != nullptr && w->version != 0 && word - kClosed == w->version;
+  return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
+         word / 2 == w->version;
 }
-inline bool must_wait(uint32_t word, const WatchList* w) {
-  return word == 0 || closed_while_watched(word, w) ? watched_active(w) : true;
+// With stream barriers the GPU stops for the watched tasks by itself; the CPU does not.
+inline bool must_wait(const GateState* g, uint32_t word, const WatchList* w) {
+  if (word == 0 || closed_while_watched(word, w)) {
+    return !g->barriers.load(std::memory_order_relaxed) && watched_active(w);
+  }
+  return true;
 }
 
 void ring(GateState* g) {
@@ -389,6 +409,9 @@ bool is_tight(GateState* g, int64_t now) {
     case kOpen:
       return false;
     default:
+      if (g->barriers.load(std::memory_order_relaxed)) {
+        return false;  // a preemption drains only to the next barrier: the CPU may run ahead
+      }
       // tight while the daemon gives this task a share (someone more important is registered
       // on its GPU and may start any moment), and for a while after the gate last closed
       return load32(g->ctl, kOffWindowShareUs) != 0 ||
@@ -655,7 +678,7 @@ void wait_open(GateState* g, const uint32_t* word, bool watch, bool woken) {
   for (int spins = 0;;) {
     const uint32_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
     const WatchList* list = watch ? g->watch.load(std::memory_order_acquire) : nullptr;
-    if (watch ? !must_wait(seen, list) : seen == 0) {
+    if (watch ? !must_wait(g, seen, list) : seen == 0) {
       break;
     }
     if (g->uninstalled.load(std::memory_order_relaxed)) {
@@ -799,6 +822,119 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
   }
 }
 
+// --- stream barriers ------------------------------------------------------------------------------
+// The driver's stream memory operations, looked up in the libcuda the process already loaded
+// (declared here: this file builds without CUDA headers). Absent on ROCm and CPU-only builds.
+using CuResult = int;
+using CuDevicePtr = unsigned long long;
+constexpr unsigned kWaitEq = 1;              // CU_STREAM_WAIT_VALUE_EQ
+constexpr unsigned kWaitNor = 3;             // CU_STREAM_WAIT_VALUE_NOR
+constexpr unsigned kRegisterDeviceMap = 2;   // CU_MEMHOSTREGISTER_DEVICEMAP
+constexpr unsigned kRegisterReadOnly = 8;    // CU_MEMHOSTREGISTER_READ_ONLY
+constexpr CuResult kAlreadyRegistered = 712;  // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+constexpr uintptr_t kPage = 4096;
+
+struct CuApi {
+  CuResult (*wait32)(void*, CuDevicePtr, uint32_t, unsigned) = nullptr;
+  CuResult (*host_register)(void*, size_t, unsigned) = nullptr;
+  CuResult (*device_pointer)(CuDevicePtr*, void*, unsigned) = nullptr;
+};
+
+template <class F>
+F cu_symbol(void* lib, const char* versioned, const char* plain) {
+  void* f = dlsym(lib, versioned);
+  return reinterpret_cast<F>(f != nullptr ? f : dlsym(lib, plain));
+}
+
+const CuApi* cu_api() {
+  static const CuApi* api = []() -> const CuApi* {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) {
+      return nullptr;
+    }
+    auto* a = new CuApi();
+    a->wait32 = cu_symbol<decltype(a->wait32)>(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
+    a->host_register =
+        cu_symbol<decltype(a->host_register)>(lib, "cuMemHostRegister_v2", "cuMemHostRegister");
+    a->device_pointer = cu_symbol<decltype(a->device_pointer)>(
+        lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer");
+    if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr) {
+      return nullptr;
+    }
+    return a;
+  }();
+  return api;
+}
+
+// The device address of a word of a control block (mu held): its page is registered with the
+// driver once, and stays registered (a few pages per process).
+CuDevicePtr device_word(GateState* g, const CuApi* cu, const uint8_t* word, bool read_only) {
+  const uintptr_t page = reinterpret_cast<uintptr_t>(word) & ~(kPage - 1);
+  auto it = g->device_pages.find(page);
+  if (it == g->device_pages.end()) {
+    void* host = reinterpret_cast<void*>(page);
+    const CuResult r =
+        cu->host_register(host, kPage, kRegisterDeviceMap | (read_only ? kRegisterReadOnly : 0));
+    CuDevicePtr device = 0;
+    if ((r != 0 && r != kAlreadyRegistered) || cu->device_pointer(&device, host, 0) != 0) {
+      throw std::runtime_error("cannot map a control block for the GPU (driver error " +
+                               std::to_string(r) + ")");
+    }
+    it = g->device_pages.emplace(page, device).first;
+  }
+  return it->second + (reinterpret_cast<uintptr_t>(word) - page);
+}
+
+// Puts a barrier on the current stream: the GPU goes past it only while the gate is not plainly
+// closed (bit 0 of gate_closed) and no watched task is active. A failure turns barriers off for
+// good, and the CPU stops for watched tasks again.
+void put_barrier(GateState* g, uint64_t work) {
+  MaybeNoGil nogil;
+  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
+  if (!lock.try_lock()) {
+    nogil.release();
+    lock.lock();
+  }
+  if (work < g->next_barrier_work.load(std::memory_order_relaxed)) {
+    return;  // another thread put this one
+  }
+  g->next_barrier_work.store(work + g->barrier_ns, std::memory_order_relaxed);
+  if (!device_usable(g)) {
+    return;
+  }
+  try {
+    const CuApi* cu = cu_api();
+    if (cu == nullptr) {
+      throw std::runtime_error("the CUDA driver offers no stream memory operations");
+    }
+    const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+    if (stream_capturing(g->impl, stream)) {
+      return;
+    }
+    void* handle = stream.native_handle();
+    auto wait = [&](CuDevicePtr address, uint32_t value, unsigned how) {
+      const CuResult r = cu->wait32(handle, address, value, how);
+      if (r != 0) {
+        throw std::runtime_error("cuStreamWaitValue32 failed (driver error " + std::to_string(r) +
+                                 ")");
+      }
+    };
+    wait(device_word(g, cu, g->ctl + kOffGateClosed, false), ~kClosed, kWaitNor);
+    const WatchList* list = g->watch.load(std::memory_order_acquire);
+    for (size_t i = 0; list != nullptr && i < list->n; ++i) {
+      const uint8_t* b = list->blocks[i];
+      wait(device_word(g, cu, b + kOffRequests, true), 0, kWaitEq);
+      if (load32(b, kOffHinted) == 0) {  // its automatic activity counts too (wants_gpu)
+        wait(device_word(g, cu, b + kOffAutoActive, true), 0, kWaitEq);
+      }
+    }
+    g->barriers_put.fetch_add(1, std::memory_order_relaxed);
+  } catch (const std::exception& e) {
+    g->barriers.store(false);
+    g->error = std::string("barrier: ") + e.what();  // events still work: not failed
+  }
+}
+
 // `name`: the operator's, or null for work RecordFunction does not see (graph replays).
 inline void before_launch(GateState* g, const char* name) {
   const uint64_t n = g->launches.fetch_add(1) + 1;
@@ -807,8 +943,8 @@ inline void before_launch(GateState* g, const char* name) {
     // (which must not count in it)
     finish_sample(g);
   }
-  if (C10_UNLIKELY(
-          must_wait(load32(g->ctl, kOffGateClosed), g->watch.load(std::memory_order_acquire)))) {
+  if (C10_UNLIKELY(must_wait(g, load32(g->ctl, kOffGateClosed),
+                             g->watch.load(std::memory_order_acquire)))) {
     wait_open(g, reinterpret_cast<const uint32_t*>(g->ctl + kOffGateClosed), true, true);
   }
   if (C10_UNLIKELY(g_task_gates.load(std::memory_order_relaxed))) {
@@ -830,6 +966,10 @@ inline void before_launch(GateState* g, const char* name) {
     cost = static_cast<uint64_t>(g->ns_per_launch.load(std::memory_order_relaxed));
   }
   const uint64_t work = g->work_ns.fetch_add(cost, std::memory_order_relaxed);
+  if (g->barriers.load(std::memory_order_relaxed) &&
+      C10_UNLIKELY(work >= g->next_barrier_work.load(std::memory_order_relaxed))) {
+    put_barrier(g, work);
+  }
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
     mark_active(g);
     // learn the stream now: a short burst may never reach a segment boundary
@@ -1106,6 +1246,8 @@ py::dict stats() {
   d["activations"] = g->activations.load();
   d["device_live"] = g->device_live.load();
   d["captures"] = g->captures.load();
+  d["barriers"] = g->barriers.load();
+  d["barriers_put"] = g->barriers_put.load();
   size_t in_flight = 0;
   size_t streams = 0;
   double window_ns = 0.0;
@@ -1175,6 +1317,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
+  m.def("set_barriers", [](double spacing_ms) {
+    GateState* g = g_gate.load();
+    if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
+      return false;
+    }
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
+      g->next_barrier_work.store(g->work_ns.load());
+    }
+    g->barriers.store(spacing_ms > 0.0 && cu_api() != nullptr);
+    return g->barriers.load();
+  });
   m.def("watch", [](const std::vector<uintptr_t>& addresses, uint32_t version) {
     GateState* g = g_gate.load();
     if (g == nullptr) {
