@@ -262,31 +262,36 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
         high.set_requests(1)
         control.set_gate(True)
         control.close_while_watched(1)  # as the daemon writes it for a watched-only closure
+        ender = threading.Timer(0.4, high.set_requests, (0,))
         began = time.monotonic()
-        out = _matmuls(200)  # the CPU is not stopped: the GPU holds the work
+        ender.start()
+        out = _matmuls(30)  # well inside the open window: the CPU is not stopped
         done = torch.cuda.Event()
         done.record()
         launched = time.monotonic() - began
-        time.sleep(0.3)
-        held = not done.query()
-        high.set_requests(0)
         done.synchronize()
-        assert held, "the GPU ran the work while the watched task was active"
-        assert launched < 5.0
-        assert gate.stats()["barriers_put"] > 0
+        finished = time.monotonic() - began
+        ender.join()
+        assert launched < 0.3, launched
+        assert finished >= 0.35, "the GPU ran the work while the watched task was active"
         assert torch.isfinite(out).all()
+        assert gate.stats()["barriers_put"] > 0
         control.set_gate(False)
-        # a plain close holds what is already queued at its next barrier
-        out = _matmuls(200)
+        # a plain close holds what is already queued, at its next barrier
+        _matmuls(300, size=4096)  # more than the GPU runs while the CPU launches it
         control.set_gate(True)
         done = torch.cuda.Event()
         done.record()
-        time.sleep(0.3)
-        held = not done.query()
-        control.set_gate(False)
+        opener = threading.Timer(0.4, control.set_gate, (False,))
+        began = time.monotonic()
+        opener.start()
         done.synchronize()
-        assert held, "the GPU ran queued work while the gate was closed"
+        held = time.monotonic() - began
+        opener.join()
+        assert held >= 0.35, "the GPU ran queued work while the gate was closed"
         assert gate.stats()["error"] is None
     finally:
-        gate_mod.current_gate() and gate_mod.current_gate().uninstall()
+        current = gate_mod.current_gate()
+        if current is not None:
+            current.uninstall()
         high.close()
