@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import pytest
 from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
@@ -282,3 +283,62 @@ def test_a_trainer_goes_on_when_the_request_ends_even_while_the_daemon_is_stoppe
         for proc in procs:
             proc.wait(20)
         daemon.stop()
+
+
+class _Silent:
+    """A daemon connection that never sends anything (the session's reader waits on it)."""
+
+    def __init__(self) -> None:
+        self.sock = type("Sock", (), {"settimeout": lambda self, timeout: None})()
+        self._never = threading.Event()
+
+    def receive(self):  # noqa: ANN201
+        self._never.wait()
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.connection = _Silent()
+
+
+class _RecordingGate:
+    def __init__(self, barrier_ms: float) -> None:
+        self.config = type("Config", (), {"barrier_ms": barrier_ms})()
+        self.calls: list[tuple[list[int], int]] = []
+
+    def watch(self, addresses, version) -> None:  # noqa: ANN001
+        self.calls.append((list(addresses), version))
+
+
+@pytest.mark.parametrize("barrier_ms", [0.0, 0.05])
+def test_the_session_hands_the_gate_each_list_with_its_version(monkeypatch, barrier_ms) -> None:
+    """A complete list keeps its version, one that could not all be mapped gets 0 (the gate
+    then never goes on by itself), and a gate that puts stream barriers keeps every watched
+    block it ever read mapped (the GPU may still read it)."""
+    from gpreempt.client import session as session_mod
+
+    monkeypatch.setattr(session_mod, "UNMAP_AFTER_S", 0.0)
+    own, high = ControlBlock.create(), ControlBlock.create()
+    reply = {"task_id": 2, "name": "trainer", "priority": -100, "mechanism": "gate"}
+    current = session_mod.Session(_Client(), own, reply)  # type: ignore[arg-type]
+    gate = _RecordingGate(barrier_ms)
+    try:
+        current.use_gate(gate)
+        current._set_watched([high.read_only_fd()], 3)
+        (view,) = current._watched
+        assert gate.calls[-1] == ([view.address], 3)
+        own.set_gate(True)
+        own.close_while_watched(3)
+        assert not current.must_wait()  # closed only while the server is active: it is not
+        high.set_requests(1)
+        assert current.must_wait()
+        high.set_requests(0)
+        bad = os.open("/dev/null", os.O_RDONLY)  # cannot be mapped as a control block
+        current._set_watched([high.read_only_fd(), bad], 4)
+        assert gate.calls[-1][1] == 0  # not the list the daemon versioned
+        assert current.must_wait()  # so the closed gate waits for the daemon
+        current._set_watched([], 5)  # retires the first list's view
+        assert (view.address != 0) == (barrier_ms > 0)
+    finally:
+        own.close()
+        high.close()

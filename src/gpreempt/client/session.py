@@ -121,6 +121,12 @@ class Session:
         with self._watch_lock:
             return any(view.is_active() for view in self._watched)
 
+    def _gate_puts_barriers(self) -> bool:
+        """Whether the gate may have put stream barriers that read watched blocks: those
+        blocks then stay mapped for good (the GPU keeps their pages registered, and a new
+        mapping at a reused address would be taken for the old one)."""
+        return self.gate is not None and self.gate.config.barrier_ms > 0
+
     def must_wait(self) -> bool:
         """Whether the process should launch nothing now: its gate is closed (and not only
         while watched tasks are active that no longer are), or a watched task is active."""
@@ -148,7 +154,7 @@ class Session:
             self._watch_version = version
             keep = []
             for since, view in self._retired:
-                if now - since > UNMAP_AFTER_S:
+                if now - since > UNMAP_AFTER_S and not self._gate_puts_barriers():
                     view.close()
                 else:
                     keep.append((since, view))

@@ -829,6 +829,7 @@ using CuResult = int;
 using CuDevicePtr = unsigned long long;
 constexpr unsigned kWaitEq = 1;              // CU_STREAM_WAIT_VALUE_EQ
 constexpr unsigned kWaitNor = 3;             // CU_STREAM_WAIT_VALUE_NOR
+constexpr unsigned kRegisterPortable = 1;    // CU_MEMHOSTREGISTER_PORTABLE (every context)
 constexpr unsigned kRegisterDeviceMap = 2;   // CU_MEMHOSTREGISTER_DEVICEMAP
 constexpr unsigned kRegisterReadOnly = 8;    // CU_MEMHOSTREGISTER_READ_ONLY
 constexpr CuResult kAlreadyRegistered = 712;  // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
@@ -848,7 +849,7 @@ F cu_symbol(void* lib, const char* versioned, const char* plain) {
 
 const CuApi* cu_api() {
   static const CuApi* api = []() -> const CuApi* {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // absent: no NVIDIA driver
     if (lib == nullptr) {
       return nullptr;
     }
@@ -867,14 +868,17 @@ const CuApi* cu_api() {
 }
 
 // The device address of a word of a control block (mu held): its page is registered with the
-// driver once, and stays registered (a few pages per process).
+// driver once and stays registered, so a barrier already queued never reads an unregistered
+// page. The session never unmaps a watched block while the gate puts barriers, so an address
+// seen here always names the same block.
 CuDevicePtr device_word(GateState* g, const CuApi* cu, const uint8_t* word, bool read_only) {
   const uintptr_t page = reinterpret_cast<uintptr_t>(word) & ~(kPage - 1);
   auto it = g->device_pages.find(page);
   if (it == g->device_pages.end()) {
     void* host = reinterpret_cast<void*>(page);
-    const CuResult r =
-        cu->host_register(host, kPage, kRegisterDeviceMap | (read_only ? kRegisterReadOnly : 0));
+    const unsigned flags =
+        kRegisterPortable | kRegisterDeviceMap | (read_only ? kRegisterReadOnly : 0);
+    const CuResult r = cu->host_register(host, kPage, flags);
     CuDevicePtr device = 0;
     if ((r != 0 && r != kAlreadyRegistered) || cu->device_pointer(&device, host, 0) != 0) {
       throw std::runtime_error("cannot map a control block for the GPU (driver error " +
