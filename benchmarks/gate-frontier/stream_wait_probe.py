@@ -13,6 +13,10 @@ across processes and what it costs:
 * phase ``barriers``: the trainer runs matmuls without pause, a wait on the server's word every
   ``--every`` kernels, its CPU up to ``--ahead`` waits ahead; the server sets its word around
   each request. Server latency against ``idle``; trainer kernels/s against ``alone``.
+* ``--lead-ms``: the server sets its word that long before its kernels (a request that
+  prepares on the CPU first): does a stream held at a wait, behind which the trainer keeps
+  launching (``barriers``), delay the server more than one held with nothing more launched
+  behind it (``parked``)?
 * phase ``unprotected``: the same, but the server does not set its word (no preemption).
 * phase ``alone``/``alone-nowait``: the trainer alone with and without the waits (their cost).
 
@@ -58,8 +62,11 @@ def server(args: argparse.Namespace) -> None:
         time.sleep(0.01)
 
     def request(busy: bool = True) -> float:
-        start = time.perf_counter()
         w[BUSY] = 1 if busy else 0
+        lead_end = time.perf_counter() + args.lead_ms / 1e3
+        while time.perf_counter() < lead_end:  # the word is set this long before the launch
+            pass
+        start = time.perf_counter()
         for _ in range(args.server_kernels):
             torch.mm(x, x)
         torch.cuda.synchronize()
@@ -182,6 +189,13 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=1.0, help="pause between requests")
     parser.add_argument("--server-kernels", type=int, default=24, help="matmuls per request")
     parser.add_argument("--every", type=int, default=4, help="trainer kernels between waits")
+    parser.add_argument(
+        "--lead-ms",
+        type=float,
+        default=0.0,
+        help="the server sets its word this long before "
+        "it launches (the clock starts at the launch)",
+    )
     parser.add_argument("--ahead", type=int, default=64, help="waits the trainer's CPU runs ahead")
     args = parser.parse_args()
     (server if args.role == "server" else trainer)(args)
