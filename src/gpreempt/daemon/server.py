@@ -53,6 +53,8 @@ from .registry import Registry, Task
 LIVENESS_PERIOD_S = 0.2
 MAX_NAME = 128
 MAX_GPUS = 64
+#: Watch list versions run from 1 to this, then start again (gate_closed holds twice one).
+MAX_WATCH_VERSION = 2**31 - 1
 
 
 @dataclass
@@ -661,7 +663,7 @@ class Daemon:
             blocks = blocks[:MAX_FDS]  # beyond that, the daemon's own closing still applies
             key = tuple((high_id, conn) for high_id, conn, _c in blocks)
             if key != peer.watching:
-                peer.watch_version += 1
+                peer.watch_version = peer.watch_version % MAX_WATCH_VERSION + 1
                 self._send_watch(peer, blocks)
                 peer.watching = key
 

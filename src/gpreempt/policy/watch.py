@@ -9,12 +9,11 @@ one of them becomes active. The daemon still closes and opens the gate as before
 moves the stop earlier.
 
 It moves the start earlier too. When a request ends, the daemon again needs a few hundred
-microseconds to notice and open the gates it closed, and the GPU idles meanwhile: with a request
-every 2.7 ms at half load, that was a tenth of the time the trainers could have had. So when a
-task is suspended only because more important tasks are active (the policy's
-``Decision.until_idle``) and its gate watches every one of them (:func:`waited_for`), the
-daemon closes its gate only while they are active, and the gate goes on by itself as soon as
-none is (``gpreempt.control.released_by_watch``).
+microseconds to notice and open the gates it closed, and the GPU idles meanwhile, once per
+request. So when a task is suspended only because more important tasks are active (the
+policy's ``Decision.until_idle``) and its gate watches every one of them (:func:`waited_for`),
+the daemon closes its gate only while they are active, and the gate goes on by itself as soon
+as none is (``gpreempt.control.released_by_watch``).
 """
 
 from __future__ import annotations

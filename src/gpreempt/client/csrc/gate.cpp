@@ -361,7 +361,7 @@ inline bool watched_active(const WatchList* w) {
 
 // Whether a gate whose gate_closed reads `word` must wait, given its watch list `w`: the rule of
 // gpreempt.control.released_by_watch. A gate the daemon closed only while the tasks of watch
-// list V are active (word 1 + V), and that watches exactly list V, waits only while one is.
+// list V are active (word 2V), and that watches exactly list V, waits only while one is.
 inline bool closed_while_watched(uint32_t word, const WatchList* w) {
   return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
          word / 2 == w->version;
