@@ -14,8 +14,8 @@ from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
 
 from gpreempt.control import CLOSED, ControlBlock, closed_while_watched, released_by_watch
 from gpreempt.daemon.registry import Task
+from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer
 from gpreempt.daemon.server import Daemon as DaemonServer
-from gpreempt.daemon.server import Peer
 from gpreempt.policy.hpf import decide_hpf
 from gpreempt.policy.snapshot import Snapshot, TaskView
 from gpreempt.policy.turns import TurnSettings
@@ -109,6 +109,10 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf
         daemon._update_watches()
         assert sent[3][-1] == ({"push": "watch", "tasks": [], "version": 2}, 0)
+        daemon.peers[3].watch_version = MAX_WATCH_VERSION  # versions wrap, never reach 0
+        daemon.registry.tasks[1].held = False
+        daemon._update_watches()
+        assert sent[3][-1] == ({"push": "watch", "tasks": [1], "version": 1}, 1)
     finally:
         for block in blocks:
             block.close()
