@@ -17,6 +17,7 @@ across processes and what it costs:
   prepares on the CPU first): does a stream held at a wait, behind which the trainer keeps
   launching (``barriers``), delay the server more than one held with nothing more launched
   behind it (``parked``)?
+* ``--trainers N``: N trainer processes, each doing the same (several held contexts at once).
 * phase ``unprotected``: the same, but the server does not set its word (no preemption).
 * phase ``alone``/``alone-nowait``: the trainer alone with and without the waits (their cost).
 
@@ -38,7 +39,7 @@ import sys
 import time
 
 SHM = "/dev/shm/gpreempt-stream-wait-probe"
-BUSY, PHASE, PARK, DONE = 0, 1, 2, 3  # u32 words of the shared page
+BUSY, PHASE, PARK, DONE = 0, 1, 2, 3  # u32 words of the shared page (DONE + i: trainer i)
 PHASES = ["idle", "parked", "barriers", "unprotected", "alone", "alone-nowait", "stop"]
 
 
@@ -54,11 +55,16 @@ def server(args: argparse.Namespace) -> None:
     import torch
 
     m, w = words_rw()
-    for i in range(8):
+    for i in range(DONE + args.trainers):
         w[i] = 0
     x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-    trainer = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--role", "trainer"])
-    while not w[DONE]:  # the trainer has its context and its registration
+    argv = [sys.executable, __file__, *sys.argv[1:], "--role", "trainer"]
+    trainers = [subprocess.Popen([*argv, "--index", str(i)]) for i in range(args.trainers)]
+
+    def all_done() -> bool:
+        return all(w[DONE + i] for i in range(args.trainers))
+
+    while not all_done():  # the trainers have their contexts and their registrations
         time.sleep(0.01)
 
     def request(busy: bool = True) -> float:
@@ -78,7 +84,8 @@ def server(args: argparse.Namespace) -> None:
     out: dict = {"args": vars(args), "phases": {}}
     for phase in PHASES[:-1]:
         w[PARK] = 1 if phase == "parked" else 0
-        w[DONE] = 0
+        for i in range(args.trainers):
+            w[DONE + i] = 0
         w[PHASE] = PHASES.index(phase) + 1
         time.sleep(0.5)  # the trainer settles into the phase
         lat = []
@@ -91,10 +98,15 @@ def server(args: argparse.Namespace) -> None:
             time.sleep(args.seconds)
         w[PHASE] = 0
         w[PARK] = 0
-        while not w[DONE]:
+        while not all_done():
             time.sleep(0.001)
-        with open(SHM + ".trainer") as f:
-            report = json.load(f)
+        reports = []
+        for i in range(args.trainers):
+            with open(f"{SHM}.trainer{i}") as f:
+                reports.append(json.load(f))
+        report = {
+            key: sum(r[key] for r in reports) for key in ("kernels", "waits", "kernels_per_s")
+        }
         lat.sort()
         out["phases"][phase] = {
             "server_ms": lat,
@@ -104,7 +116,8 @@ def server(args: argparse.Namespace) -> None:
         }
         print(phase, {k: v for k, v in out["phases"][phase].items() if k != "server_ms"})
     w[PHASE] = PHASES.index("stop") + 1
-    trainer.wait(30)
+    for trainer in trainers:
+        trainer.wait(30)
     with open(args.out, "w") as f:
         json.dump(out, f)
     print(f"{'phase':14} {'server P50':>10} {'P99 ms':>8} {'trainer k/s':>12}")
@@ -125,7 +138,7 @@ def trainer(args: argparse.Namespace) -> None:
     fd = os.open(SHM, os.O_RDONLY)
     addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     os.close(fd)
-    words = (ctypes.c_uint32 * 8).from_address(addr)
+    words = (ctypes.c_uint32 * 64).from_address(addr)
     y = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
     flags = getattr(cu, "CU_MEMHOSTREGISTER_DEVICEMAP", 2) | getattr(
@@ -143,7 +156,8 @@ def trainer(args: argparse.Namespace) -> None:
         assert e == cu.CUresult.CUDA_SUCCESS, e
 
     _m, rw = words_rw()  # the trainer's own writes (DONE) go through a writable mapping
-    rw[DONE] = 1  # ready
+    done = DONE + args.index
+    rw[done] = 1  # ready
     while True:
         index = words[PHASE]
         if index == 0:
@@ -175,10 +189,10 @@ def trainer(args: argparse.Namespace) -> None:
             time.sleep(0.0005)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        with open(SHM + ".trainer", "w") as f:
+        with open(f"{SHM}.trainer{args.index}", "w") as f:
             json.dump({"kernels": kernels, "waits": waits, "seconds": seconds,
                        "kernels_per_s": kernels / seconds}, f)  # fmt: skip
-        rw[DONE] = 1
+        rw[done] = 1
 
 
 def main() -> None:
@@ -197,6 +211,8 @@ def main() -> None:
         "it launches (the clock starts at the launch)",
     )
     parser.add_argument("--ahead", type=int, default=64, help="waits the trainer's CPU runs ahead")
+    parser.add_argument("--trainers", type=int, default=1, help="trainer processes")
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     (server if args.role == "server" else trainer)(args)
 
