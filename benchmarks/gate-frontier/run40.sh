@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Barriers every 0.025 ms: three trainers side by side and one trainer, light Case-A, load 0.5.
+# Barriers every 0.025 ms with three trainers side by side, against the default (20 ms turns,
+# no barriers), light Case-A at load 0.5, same machine.
 #   OUT=dir bash benchmarks/gate-frontier/run40.sh
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
