@@ -390,7 +390,7 @@ def test_a_closed_gate_waits_for_the_daemon_even_after_the_watched_task_ends(con
 
 
 def test_a_gate_closed_only_while_watched_tasks_are_active_goes_on_when_they_end(control, impl):
-    """The daemon wrote 1 + V: the gate waits only while the tasks of its watch list V are
+    """The daemon wrote 2V: the gate waits only while the tasks of its watch list V are
     active, and goes on when they end without the daemon opening it."""
     gate = _install(control, impl)
     high = ControlBlock.create()
