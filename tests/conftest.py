@@ -50,6 +50,14 @@ def spawn(runtime_dir: Path, *args: str) -> subprocess.Popen:
     )
 
 
+def stop_all(*procs: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM every process, then wait for each (they end in parallel)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout)
+
+
 def run_counter(runtime_dir: Path, script: Path, progress: Path, *options: str) -> subprocess.Popen:
     """``gpreempt run OPTIONS -- python3 counter.py PROGRESS`` in the background."""
     return spawn(runtime_dir, "run", *options, "--", "python3", str(script), str(progress))

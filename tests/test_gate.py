@@ -370,13 +370,25 @@ def test_a_watched_task_becoming_active_stops_the_gate(control, impl):
         high.close()
 
 
-def test_a_closed_gate_waits_for_the_daemon_even_after_the_watched_task_ends(control, impl):
+@pytest.mark.parametrize(
+    ("gate_version", "closed_for"),
+    [(3, None), (2, 3), (0, 3)],
+    ids=["plainly-closed", "older-list", "incomplete-list"],
+)
+def test_a_closed_gate_waits_for_the_daemon_even_after_the_watched_task_ends(
+    control, impl, gate_version, closed_for
+):
+    """Plainly closed, the gate waits for the daemon. Closed only while the tasks of list 3
+    are active, a gate that has not mapped that list (an older one, or none complete) waits
+    for the daemon too: the daemon's newest list may hold a task that is active."""
     gate = _install(control, impl)
     high = ControlBlock.create()
     try:
-        gate.watch([high.address])
+        gate.watch([high.address], gate_version)
         high.set_requests(1)
         control.set_gate(True)
+        if closed_for is not None:
+            control.close_while_watched(closed_for)
         _set_after(lambda: high.set_requests(0), 0.1)
         opener = _open_after(control, 0.4)
         began = time.monotonic()
@@ -417,30 +429,6 @@ def test_a_gate_closed_only_while_watched_tasks_are_active_goes_on_when_they_end
             backstop.cancel()
             control.close_while_watched(3)
             high.set_requests(1)
-    finally:
-        gate.watch([])
-        high.close()
-
-
-@pytest.mark.parametrize("version", [2, 0])
-def test_a_gate_watching_another_list_than_the_daemon_closed_for_waits_for_the_daemon(
-    control, impl, version
-):
-    """A gate that has not yet mapped the list the daemon closed it for (version 2 here, or
-    none complete: 0) must not go on by itself: the daemon's newest list may hold a task that
-    is active."""
-    gate = _install(control, impl)
-    high = ControlBlock.create()
-    try:
-        gate.watch([high.address], version)
-        control.set_gate(True)
-        control.close_while_watched(3)  # for list 3; the watched task is idle
-        opener = _open_after(control, 0.4)
-        began = time.monotonic()
-        torch.ones(2) + 1
-        waited = time.monotonic() - began
-        opener.join()
-        assert waited >= 0.35
     finally:
         gate.watch([])
         high.close()

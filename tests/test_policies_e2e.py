@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
-from conftest import Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import Counter, Daemon, gpreempt, spawn, stop_all, wait_for
 
 
 def start(runtime_dir: Path, script: Path, out: Path, *options: str, core: int | None = None):
@@ -29,13 +28,6 @@ def start(runtime_dir: Path, script: Path, out: Path, *options: str, core: int |
 
 def last_core() -> int:
     return max(os.sched_getaffinity(0))
-
-
-def stop_all(*procs) -> None:
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        proc.wait(10)
 
 
 def test_timeslice_80_20_progresses_4_to_1(

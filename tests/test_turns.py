@@ -4,11 +4,10 @@ functions, and the daemon with real gated processes (CPU tensors)."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
 from conftest import task_view as view
 
 from gpreempt.policy import Decision, Snapshot, decide_hpf
@@ -198,8 +197,5 @@ def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path)
         events = (runtime_dir / "events.jsonl").read_text().splitlines()
         assert any(json.loads(e).get("reason") == "turn" for e in events)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(20)
+        stop_all(*procs, timeout=20)
         daemon.stop()

@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
 
 from gpreempt.control import CLOSED, ControlBlock, closed_while_watched, released_by_watch
 from gpreempt.daemon.registry import Task
@@ -282,10 +282,7 @@ def test_a_trainer_goes_on_when_the_request_ends_even_while_the_daemon_is_stoppe
         before = counter.value()
         assert wait_for(lambda: counter.value() > before, 10), "the daemon did not resume it"
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(20)
+        stop_all(*procs, timeout=20)
         daemon.stop()
 
 

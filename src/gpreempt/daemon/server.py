@@ -686,26 +686,22 @@ class Daemon:
                 if word == 0:
                     continue  # open, or not this mechanism's to close
                 peer = self.peers.get(conn)
-                watched = set(peer.watching) if peer is not None else set()
-                if (
-                    causes
-                    and peer is not None
-                    and all(
-                        high is not None
-                        and not high.always_active
-                        and high.controls
-                        and all((high.task_id, c) in watched for c in high.controls)
-                        for high in causes
-                    )
-                ):
-                    wanted = closed_while_watched(peer.watch_version)
-                else:
-                    wanted = CLOSED
-                if word != wanted:
-                    if wanted == CLOSED:
-                        control.set_gate(True)
-                    else:
-                        control.close_while_watched(peer.watch_version)
+                version = peer.watch_version if peer is not None and causes else 0
+                if version and all(self._watches_all_of(peer, high) for high in causes):
+                    if word != closed_while_watched(version):
+                        control.close_while_watched(version)
+                elif word != CLOSED:
+                    control.set_gate(True)
+
+    @staticmethod
+    def _watches_all_of(peer: Peer, high: Task | None) -> bool:
+        """Whether ``peer``'s gate reads every word that makes ``high`` active."""
+        return (
+            high is not None
+            and not high.always_active
+            and bool(high.controls)
+            and all((high.task_id, conn) in peer.watching for conn in high.controls)
+        )
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
         fds: list[int] = []

@@ -287,10 +287,11 @@ struct GateState {
   std::atomic<const WatchList*> watch{nullptr};
   uint32_t seen_generation = 0;  // guarded by mu
   // stream barriers: on while `barrier_ns` > 0 and nothing failed; the next one is due once the
-  // estimated work launched reaches next_barrier_work
+  // estimated work launched reaches next_barrier_work (never while they are off: the per-launch
+  // path compares only that)
   std::atomic<bool> barriers{false};
   uint64_t barrier_ns = 0;
-  std::atomic<uint64_t> next_barrier_work{0};
+  std::atomic<uint64_t> next_barrier_work{std::numeric_limits<uint64_t>::max()};
   std::atomic<uint64_t> barriers_put{0};
 
   std::mutex mu;  // guards everything below, and all event calls
@@ -369,7 +370,7 @@ inline bool closed_while_watched(uint32_t word, const WatchList* w) {
 // With stream barriers the GPU stops for the watched tasks by itself; the CPU does not.
 inline bool must_wait(const GateState* g, uint32_t word, const WatchList* w) {
   if (word == 0 || closed_while_watched(word, w)) {
-    return !g->barriers.load(std::memory_order_relaxed) && watched_active(w);
+    return watched_active(w) && !g->barriers.load(std::memory_order_relaxed);
   }
   return true;
 }
@@ -899,8 +900,9 @@ void put_barrier(GateState* g, uint64_t work) {
     nogil.release();
     lock.lock();
   }
-  if (work < g->next_barrier_work.load(std::memory_order_relaxed)) {
-    return;  // another thread put this one
+  if (work < g->next_barrier_work.load(std::memory_order_relaxed) ||
+      !g->barriers.load(std::memory_order_relaxed)) {
+    return;  // another thread put this one, or barriers just failed
   }
   g->next_barrier_work.store(work + g->barrier_ns, std::memory_order_relaxed);
   if (!device_usable(g)) {
@@ -935,6 +937,7 @@ void put_barrier(GateState* g, uint64_t work) {
     g->barriers_put.fetch_add(1, std::memory_order_relaxed);
   } catch (const std::exception& e) {
     g->barriers.store(false);
+    g->next_barrier_work.store(std::numeric_limits<uint64_t>::max());
     g->error = std::string("barrier: ") + e.what();  // events still work: not failed
   }
 }
@@ -970,8 +973,7 @@ inline void before_launch(GateState* g, const char* name) {
     cost = static_cast<uint64_t>(g->ns_per_launch.load(std::memory_order_relaxed));
   }
   const uint64_t work = g->work_ns.fetch_add(cost, std::memory_order_relaxed);
-  if (g->barriers.load(std::memory_order_relaxed) &&
-      C10_UNLIKELY(work >= g->next_barrier_work.load(std::memory_order_relaxed))) {
+  if (C10_UNLIKELY(work >= g->next_barrier_work.load(std::memory_order_relaxed))) {
     put_barrier(g, work);
   }
   if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0)) {
@@ -1326,13 +1328,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
       return false;
     }
-    {
-      std::lock_guard<std::mutex> lock(g->mu);
-      g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
-      g->next_barrier_work.store(g->work_ns.load());
-    }
-    g->barriers.store(spacing_ms > 0.0 && cu_api() != nullptr);
-    return g->barriers.load();
+    const bool on = spacing_ms > 0.0 && cu_api() != nullptr;
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
+    g->barriers.store(on);
+    g->next_barrier_work.store(on ? g->work_ns.load() : std::numeric_limits<uint64_t>::max());
+    return on;
   });
   m.def("watch", [](const std::vector<uintptr_t>& addresses, uint32_t version) {
     GateState* g = g_gate.load();
