@@ -17,6 +17,7 @@ ENV_TASK_ID = "GPREEMPT_TASK_ID"
 ENV_AUTO_ACTIVITY = "GPREEMPT_AUTO_ACTIVITY"
 ENV_GRACE_MS = "GPREEMPT_IDLE_GRACE_MS"
 ENV_GATE = "GPREEMPT_GATE"
+ENV_LINGER_MS = "GPREEMPT_REQUEST_LINGER_MS"
 
 SOCKET_NAME = "gpreempt.sock"
 LOCK_NAME = "daemon.lock"
@@ -25,6 +26,7 @@ STATE_NAME = "suspended.json"
 DAEMON_LOG_NAME = "daemon.log"
 
 DEFAULT_IDLE_GRACE_MS = 2.0
+DEFAULT_REQUEST_LINGER_MS = 0.05
 
 
 def default_runtime_dir() -> Path:
@@ -72,15 +74,26 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def idle_grace_ms() -> float:
-    """Grace after GPU work completes before a task counts as idle (``$GPREEMPT_IDLE_GRACE_MS``)."""
-    raw = os.environ.get(ENV_GRACE_MS)
+def _env_ms(name: str, default: float) -> float:
+    raw = os.environ.get(name)
     if not raw:
-        return DEFAULT_IDLE_GRACE_MS
+        return default
     try:
         value = float(raw)
     except ValueError:
-        raise UsageError(f"${ENV_GRACE_MS}={raw!r} is not a number of milliseconds") from None
-    if value < 0:
-        raise UsageError(f"${ENV_GRACE_MS} must be >= 0, got {value}")
+        raise UsageError(f"${name}={raw!r} is not a number of milliseconds") from None
+    if not value >= 0:  # also refuses nan
+        raise UsageError(f"${name} must be >= 0, got {value}")
     return value
+
+
+def idle_grace_ms() -> float:
+    """Grace after GPU work completes before a task counts as idle (``$GPREEMPT_IDLE_GRACE_MS``)."""
+    return _env_ms(ENV_GRACE_MS, DEFAULT_IDLE_GRACE_MS)
+
+
+def request_linger_ms() -> float:
+    """How long a process's requests stay raised after the last one ends, so that a request
+    started right after it finds less important tasks still stopped
+    (``$GPREEMPT_REQUEST_LINGER_MS``; 0 drops them at once)."""
+    return _env_ms(ENV_LINGER_MS, DEFAULT_REQUEST_LINGER_MS)

@@ -17,15 +17,17 @@ the daemon closed it only for them (:func:`gpreempt.control.released_by_watch`).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
 
-from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID
+from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms
 from ..control import ActivityView, ControlBlock, released_by_watch
-from ..errors import DaemonUnavailable, GpreemptError
+from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
+from .linger import Linger
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
@@ -43,6 +45,7 @@ class Session:
         control: ControlBlock,
         reply: dict[str, Any],
         register: dict[str, Any] | None = None,
+        linger_ms: float | None = None,
     ) -> None:
         self.client = client
         self.control = control
@@ -55,6 +58,12 @@ class Session:
         self.gate: Any = None
         self._requests = 0
         self._lock = threading.Lock()
+        #: Requests stay raised this long after the last one ends (:mod:`.linger`).
+        self.linger = Linger(
+            (request_linger_ms() if linger_ms is None else linger_ms) / 1e3,
+            lambda: self.control.set_requests(0),
+            self._lock,
+        )
         self._watch_lock = threading.Lock()
         self._watched: list[ActivityView] = []
         #: The daemon's version of the list in ``_watched``; 0 = none, or not all of it mapped.
@@ -163,13 +172,17 @@ class Session:
     def enter_request(self) -> None:
         with self._lock:
             self._requests += 1
-            if self._requests == 1:
+            if self._requests == 1 and not self.linger.cancel():
                 self.control.set_requests(1)
 
     def exit_request(self) -> None:
         with self._lock:
             self._requests -= 1
-            if self._requests == 0:
+            if self._requests > 0:
+                return
+            if self.linger.seconds > 0:
+                self.linger.arm()
+            else:
                 self.control.set_requests(0)
 
 
@@ -189,6 +202,8 @@ def current() -> Session | None:
             if os.environ.get(ENV_TASK_ID):
                 try:
                     _open(os.environ.get(ENV_RUNTIME_DIR), register=None)
+                except UsageError as exc:
+                    print(f"gpreempt: {exc}; this process runs without gpreempt", file=sys.stderr)
                 except GpreemptError:
                     pass  # no daemon: run undisturbed, as if not under gpreempt
     return _session
@@ -204,6 +219,7 @@ def open_session(runtime_dir: str | None, register: dict[str, Any] | None) -> Se
 
 def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
     global _session
+    linger_ms = request_linger_ms()
     client = DaemonClient.connect(runtime_dir)
     control = ControlBlock.create()
     try:
@@ -215,7 +231,7 @@ def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
         if isinstance(exc, GpreemptError):
             raise
         raise DaemonUnavailable(f"the daemon did not accept this process: {exc}") from None
-    _session = Session(client, control, reply, register)
+    _session = Session(client, control, reply, register, linger_ms)
     return _session
 
 
