@@ -295,3 +295,45 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
         if current is not None:
             current.uninstall()
         high.close()
+
+
+def test_stream_barriers_on_an_incomplete_watch_list_wait_for_the_daemon(control):
+    """A gate whose watch list is incomplete (version 0) does not go on by itself on a 2V word:
+    neither does the GPU at its barriers, which then wait for the daemon's plain 0."""
+    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+    gate.watch([], 0)
+    _matmuls(20)
+    torch.cuda.synchronize()
+    _matmuls(300, size=4096)  # more than the GPU runs while the CPU launches it
+    control.close_while_watched(1)
+    done = torch.cuda.Event()
+    done.record()
+    opener = threading.Timer(0.4, control.set_gate, (False,))
+    began = time.monotonic()
+    opener.start()
+    done.synchronize()
+    held = time.monotonic() - began
+    opener.join()
+    assert held >= 0.35, "the GPU went past a barrier on a word its list does not release"
+    assert gate.stats()["error"] is None
+
+
+def test_stream_barriers_put_from_threads_new_to_cuda(control):
+    """An operator on a thread that has not called CUDA yet may be the one to put a barrier;
+    the barrier borrows the device's context and barriers stay on."""
+    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.001)
+    a = torch.randn(512, 512, device="cuda")
+    torch.cuda.synchronize()
+    results = []
+
+    def one_op() -> None:
+        results.append(float((a @ a).sum()))
+
+    for _ in range(20):
+        worker = threading.Thread(target=one_op)
+        worker.start()
+        worker.join()
+    assert len(results) == 20
+    stats = gate.stats()
+    assert stats["error"] is None, stats["error"]
+    assert stats["barriers"] and stats["barriers_put"] > 0

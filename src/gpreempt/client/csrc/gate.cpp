@@ -840,6 +840,13 @@ struct CuApi {
   CuResult (*wait32)(void*, CuDevicePtr, uint32_t, unsigned) = nullptr;
   CuResult (*host_register)(void*, size_t, unsigned) = nullptr;
   CuResult (*device_pointer)(CuDevicePtr*, void*, unsigned) = nullptr;
+  // a thread that has not yet called CUDA (an operator's first, on a new thread) has no
+  // current context; the barrier then borrows the device's primary one, PyTorch's own
+  CuResult (*ctx_get_current)(void**) = nullptr;
+  CuResult (*device_get)(int*, int) = nullptr;
+  CuResult (*primary_ctx_retain)(void**, int) = nullptr;
+  CuResult (*ctx_push)(void*) = nullptr;
+  CuResult (*ctx_pop)(void**) = nullptr;
 };
 
 template <class F>
@@ -860,13 +867,61 @@ const CuApi* cu_api() {
         cu_symbol<decltype(a->host_register)>(lib, "cuMemHostRegister_v2", "cuMemHostRegister");
     a->device_pointer = cu_symbol<decltype(a->device_pointer)>(
         lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer");
-    if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr) {
+    a->ctx_get_current = cu_symbol<decltype(a->ctx_get_current)>(lib, "cuCtxGetCurrent", "cuCtxGetCurrent");
+    a->device_get = cu_symbol<decltype(a->device_get)>(lib, "cuDeviceGet", "cuDeviceGet");
+    a->primary_ctx_retain = cu_symbol<decltype(a->primary_ctx_retain)>(
+        lib, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+    a->ctx_push = cu_symbol<decltype(a->ctx_push)>(lib, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
+    a->ctx_pop = cu_symbol<decltype(a->ctx_pop)>(lib, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
+    if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr ||
+        a->ctx_get_current == nullptr || a->device_get == nullptr ||
+        a->primary_ctx_retain == nullptr || a->ctx_push == nullptr || a->ctx_pop == nullptr) {
       return nullptr;
     }
     return a;
   }();
   return api;
 }
+
+// Makes the device's primary context current for the barrier's driver calls on a thread that
+// has none, and takes it off again after them (mu held).
+class BorrowedContext {
+ public:
+  BorrowedContext(const CuApi* cu, int device) : cu_(cu) {
+    void* current = nullptr;
+    if (cu->ctx_get_current(&current) == 0 && current != nullptr) {
+      return;
+    }
+    // retained once per device and kept: PyTorch holds it for the life of the process anyway
+    static std::unordered_map<int, void*> primaries;
+    void*& primary = primaries[device];
+    if (primary == nullptr) {
+      int handle = 0;
+      check(cu->device_get(&handle, device), "cuDeviceGet");
+      check(cu->primary_ctx_retain(&primary, handle), "cuDevicePrimaryCtxRetain");
+    }
+    check(cu->ctx_push(primary), "cuCtxPushCurrent");
+    pushed_ = true;
+  }
+  ~BorrowedContext() {
+    if (pushed_) {
+      void* popped = nullptr;
+      cu_->ctx_pop(&popped);
+    }
+  }
+  BorrowedContext(const BorrowedContext&) = delete;
+  BorrowedContext& operator=(const BorrowedContext&) = delete;
+
+ private:
+  static void check(CuResult r, const char* what) {
+    if (r != 0) {
+      throw std::runtime_error(std::string(what) + " failed (driver error " + std::to_string(r) +
+                               ")");
+    }
+  }
+  const CuApi* cu_;
+  bool pushed_ = false;
+};
 
 // The device address of a word of a control block (mu held): its page is registered with the
 // driver once and stays registered, so a barrier already queued never reads an unregistered
@@ -913,10 +968,12 @@ void put_barrier(GateState* g, uint64_t work) {
     if (cu == nullptr) {
       throw std::runtime_error("the CUDA driver offers no stream memory operations");
     }
-    const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+    const c10::Device device = g->impl->getDevice();
+    const c10::Stream stream = g->impl->getStream(device);
     if (stream_capturing(g->impl, stream)) {
       return;
     }
+    const BorrowedContext context(cu, device.index());
     void* handle = stream.native_handle();
     auto wait = [&](CuDevicePtr address, uint32_t value, unsigned how) {
       const CuResult r = cu->wait32(handle, address, value, how);
@@ -925,8 +982,17 @@ void put_barrier(GateState* g, uint64_t work) {
                                  ")");
       }
     };
-    wait(device_word(g, cu, g->ctl + kOffGateClosed, false), ~kClosed, kWaitNor);
+    // The GPU goes past a closed-while-watched word (2V) only where the CPU would: on a
+    // complete list, whose tasks the waits below watch. On an incomplete one it waits for the
+    // daemon to open the gate (0), like the CPU. (A barrier put on list V still lets a word 2V'
+    // of a newer list through: until the next barrier, the new list's tasks are not waited for.)
     const WatchList* list = g->watch.load(std::memory_order_acquire);
+    const uint8_t* own = g->ctl + kOffGateClosed;
+    if (list != nullptr && list->version != 0) {
+      wait(device_word(g, cu, own, false), ~kClosed, kWaitNor);
+    } else {
+      wait(device_word(g, cu, own, false), 0, kWaitEq);
+    }
     for (size_t i = 0; list != nullptr && i < list->n; ++i) {
       const uint8_t* b = list->blocks[i];
       wait(device_word(g, cu, b + kOffRequests, true), 0, kWaitEq);
@@ -1254,6 +1320,9 @@ py::dict stats() {
   d["captures"] = g->captures.load();
   d["barriers"] = g->barriers.load();
   d["barriers_put"] = g->barriers_put.load();
+  const WatchList* list = g->watch.load(std::memory_order_acquire);
+  d["watched"] = list != nullptr ? list->n : 0;
+  d["watch_version"] = list != nullptr ? list->version : 0;
   size_t in_flight = 0;
   size_t streams = 0;
   double window_ns = 0.0;
