@@ -121,6 +121,7 @@ class ControlBlock:
         self.memfd = memfd
         self.doorbell = doorbell
         self._map = mmap.mmap(memfd, SIZE)
+        self._keep_mapped = False
         # the mapping never moves while open; the temporary view is released at once
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
@@ -234,15 +235,27 @@ class ControlBlock:
         with contextlib.suppress(BlockingIOError, OSError):
             os.eventfd_write(self.doorbell, 1)
 
+    def keep_mapped(self) -> None:
+        """Never unmap this block, not even on :meth:`close`: the GPU reads its words (stream
+        barriers), and the driver's registration of its page would be taken for any later
+        mapping at the same address."""
+        self._keep_mapped = True
+
     def close(self) -> None:
-        try:
-            self._map.close()
-        except (BufferError, ValueError):
-            pass  # native code still holds a view; the mapping dies with the process
+        if self._keep_mapped:
+            _KEPT_MAPPED.append(self._map)
+        else:
+            try:
+                self._map.close()
+            except (BufferError, ValueError):
+                pass  # native code still holds a view; the mapping dies with the process
         for fd in (self.memfd, self.doorbell):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+
+#: Blocks whose pages the GPU may read, mapped until the process exits.
+_KEPT_MAPPED: list[mmap.mmap] = []
 
 _PROT_READ = 1
 _MAP_SHARED = 1

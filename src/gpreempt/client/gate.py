@@ -475,6 +475,7 @@ class _NativeImpl:
             config.op_costs,
         )
         if config.barrier_ms > 0 and config.bound:
+            control.keep_mapped()
             module.set_barriers(config.barrier_ms)
 
     def uninstall(self) -> None:
