@@ -253,6 +253,7 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
     barrier on the GPU while the CPU goes on launching; the work completes once it ends. A
     plain close by the daemon holds it too (bit 0 of gate_closed)."""
     high = ControlBlock.create()
+    high.keep_mapped()  # as the session keeps watched blocks: the GPU registered its page
     try:
         gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
         gate.watch([high.address], 1)
