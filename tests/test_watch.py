@@ -343,3 +343,39 @@ def test_the_session_hands_the_gate_each_list_with_its_version(monkeypatch, barr
     finally:
         own.close()
         high.close()
+
+
+class _Scripted(_Silent):
+    """A daemon connection that delivers the given messages, then nothing more."""
+
+    def __init__(self, items: list) -> None:
+        super().__init__()
+        self._items = list(items)
+        self.asked = 0  # receive() calls: once it exceeds the items, all were handled
+
+    def receive(self):  # noqa: ANN201
+        self.asked += 1
+        if self._items:
+            return self._items.pop(0)
+        return super().receive()
+
+
+@pytest.mark.parametrize("with_fd", [False, True])
+def test_a_watch_push_missing_its_descriptors_is_no_list_the_daemon_versioned(with_fd) -> None:
+    """A push whose descriptors did not all arrive must not pass for the daemon's list: the
+    gate would take a ``2V`` word as released while it watches nothing."""
+    from gpreempt.client import session as session_mod
+
+    own, high = ControlBlock.create(), ControlBlock.create()
+    reply = {"task_id": 2, "name": "trainer", "priority": -100, "mechanism": "gate"}
+    client = _Client()
+    fds = [high.read_only_fd()] if with_fd else []
+    client.connection = _Scripted([({"push": "watch", "tasks": [1], "version": 7}, fds)])
+    try:
+        current = session_mod.Session(client, own, reply)  # type: ignore[arg-type]
+        assert wait_for(lambda: client.connection.asked >= 2, 5)
+        assert current._watch_version == (7 if with_fd else 0)
+        assert len(current._watched) == len(fds)
+    finally:
+        own.close()
+        high.close()

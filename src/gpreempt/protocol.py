@@ -3,8 +3,11 @@
 A request is ``{"op": <name>, ...}``; a reply is ``{"ok": true, ...}`` or
 ``{"ok": false, "error": <message>, "kind": <error class>}``. A client's control block
 (shared memory) and doorbell (eventfd) travel as file descriptors (SCM_RIGHTS) beside
-the ``channel`` request. Messages are capped at :data:`MAX_MESSAGE` bytes so a peer
-cannot make the daemon buffer without bound.
+the ``channel`` request, and the daemon's watch lists beside its ``watch`` pushes. A message
+that carries descriptors says how many (``"nfds"``): one read from a stream socket can return
+the bytes of two messages with the second one's descriptors, and they must go to the second.
+Messages are capped at :data:`MAX_MESSAGE` bytes so a peer cannot make the daemon buffer
+without bound.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class Connection:
         return self.sock.fileno()
 
     def send(self, message: Message, fds: Sequence[int] = ()) -> None:
-        data = encode(message)
+        data = encode({**message, "nfds": len(fds)} if fds else message)
         if not fds:
             self.sock.sendall(data)
             return
@@ -118,7 +121,11 @@ class Connection:
         return True
 
     def pop(self) -> tuple[Message, list[int]] | None:
-        """The next complete message and the fds that came with it, if one is buffered."""
+        """The next complete message and the fds that came with it, if one is buffered.
+
+        A message takes the number of fds it declares (``nfds``), oldest first. Fds that no
+        message declares are closed once no buffered byte is left that they could belong to
+        (a descriptor arrives with the first byte of its message)."""
         end = self._buffer.find(b"\n")
         if end < 0:
             return None
@@ -126,8 +133,24 @@ class Connection:
         del self._buffer[: end + 1]
         if len(line) > MAX_MESSAGE:
             raise ProtocolError(f"message exceeds the {MAX_MESSAGE}-byte limit")
-        fds, self._fds = self._fds, []
-        return decode(line), fds
+        message = decode(line)
+        count = message.pop("nfds", 0)
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_FDS:
+            self._close_fds()
+            raise ProtocolError(f"malformed message: nfds must be 0 to {MAX_FDS}, got {count!r}")
+        if count > len(self._fds):
+            self._close_fds()
+            raise ProtocolError(
+                f"message declares {count} file descriptors but {len(self._fds)} arrived"
+            )
+        fds, self._fds = self._fds[:count], self._fds[count:]
+        if not self._buffer:
+            self._close_fds()  # strays: no message left to claim them
+        return message, fds
+
+    def _close_fds(self) -> None:
+        for fd in self.pending_fds():
+            _close_quietly(fd)
 
     def pending_fds(self) -> list[int]:
         """Fds received but not yet claimed by a message (closed by the owner on teardown)."""

@@ -84,7 +84,10 @@ class Session:
                     message, fds = item
                     if message.get("push") == "watch":
                         version = message.get("version", 0)
-                        self._set_watched(fds, version if isinstance(version, int) else 0)
+                        tasks = message.get("tasks")
+                        complete = isinstance(tasks, list) and len(tasks) == len(fds)
+                        valid = isinstance(version, int) and complete
+                        self._set_watched(fds, version if valid else 0)
                     else:
                         for fd in fds:
                             os.close(fd)
