@@ -101,18 +101,18 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         sent = {task_id: peer.connection.sent for task_id, peer in daemon.peers.items()}
         assert sent[1] == []  # nobody outranks the top task
         assert sent[2] == []  # task 1 outranks it, but belongs to another user
-        assert sent[3] == [({"push": "watch", "tasks": [1], "version": 1}, 1)]  # not task 2
-        assert sent[4] == [({"push": "watch", "tasks": [2], "version": 1}, 1)]
+        assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]  # not task 2
+        assert sent[4] == [({"push": "watch", "tasks": [2], "pids": [102], "version": 1}, 1)]
         assert daemon._watched_by(daemon.registry.tasks[3]) == [1]
         daemon._update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf
         daemon._update_watches()
-        assert sent[3][-1] == ({"push": "watch", "tasks": [], "version": 2}, 0)
+        assert sent[3][-1] == ({"push": "watch", "tasks": [], "pids": [], "version": 2}, 0)
         daemon.peers[3].watch_version = MAX_WATCH_VERSION  # versions wrap, never reach 0
         daemon.registry.tasks[1].held = False
         daemon._update_watches()
-        assert sent[3][-1] == ({"push": "watch", "tasks": [1], "version": 1}, 1)
+        assert sent[3][-1] == ({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)
     finally:
         for block in blocks:
             block.close()

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms
@@ -28,6 +29,7 @@ from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
+from .stranded import WatchedBlock, free_stranded, open_owner
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
@@ -66,6 +68,7 @@ class Session:
         )
         self._watch_lock = threading.Lock()
         self._watched: list[ActivityView] = []
+        self._blocks: list[WatchedBlock] = []  # the current list's, with fds and owners
         #: The daemon's version of the list in ``_watched``; 0 = none, or not all of it mapped.
         self._watch_version = 0
         self._retired: list[tuple[float, ActivityView]] = []
@@ -87,13 +90,17 @@ class Session:
                         tasks = message.get("tasks")
                         complete = isinstance(tasks, list) and len(tasks) == len(fds)
                         valid = isinstance(version, int) and complete
-                        self._set_watched(fds, version if valid else 0)
+                        pids = message.get("pids")
+                        self._set_watched(
+                            fds, version if valid else 0, pids if isinstance(pids, list) else []
+                        )
                     else:
                         for fd in fds:
                             os.close(fd)
             except (OSError, ProtocolError):
                 pass
             self.connected = False
+            self._strand_watched()
             self._set_watched([], 0)
             try:
                 self.control.set_gate(False)
@@ -146,21 +153,27 @@ class Session:
         active = self.watched_active()
         return active or (word != 0 and not released_by_watch(word, self._watch_version, active))
 
-    def _set_watched(self, fds: list[int], version: int) -> None:
+    def _set_watched(self, fds: list[int], version: int, pids: Sequence[object] = ()) -> None:
         """Map the blocks the daemon sent (taking their fds) and watch them instead, as the
-        daemon's list ``version``."""
+        daemon's list ``version``; ``pids``: their owners, in the same order."""
         views = []
-        for fd in fds:
+        blocks = []
+        for i, fd in enumerate(fds):
             try:
-                views.append(ActivityView(fd))
+                view = ActivityView(fd)
             except OSError:
                 version = 0  # not the list the daemon versioned: its own closing still applies
-            finally:
                 os.close(fd)
+                continue
+            views.append(view)
+            blocks.append(WatchedBlock(view, fd, open_owner(pids[i] if i < len(pids) else None)))
         now = time.monotonic()
         with self._watch_lock:
             if self.gate is not None:
                 self.gate.watch([view.address for view in views], version)
+            for block in self._blocks:
+                block.close()
+            self._blocks = blocks
             self._retired += [(now, view) for view in self._watched]
             self._watched = views
             self._watch_version = version
@@ -171,6 +184,20 @@ class Session:
                 else:
                     keep.append((since, view))
             self._retired = keep
+
+    def _strand_watched(self) -> None:
+        """The daemon went away: if the gate put stream barriers on the watched blocks, see
+        to it that none stays raised by a task that exits before a daemon is back
+        (:mod:`.stranded`)."""
+        with self._watch_lock:
+            blocks, self._blocks = self._blocks, []
+        if blocks and self._gate_puts_barriers():
+            threading.Thread(
+                target=free_stranded, args=(blocks,), name="gpreempt-stranded", daemon=True
+            ).start()
+        else:
+            for block in blocks:
+                block.close()
 
     def enter_request(self) -> None:
         with self._lock:

@@ -707,9 +707,13 @@ class Daemon:
         fds: list[int] = []
         try:
             fds = [control.read_only_fd() for _t, _c, control in blocks]
+            owners = [self.peers.get(conn) for _t, conn, _b in blocks]
             message = {
                 "push": "watch",
                 "tasks": [task_id for task_id, _c, _b in blocks],
+                # whose blocks: a gate left with barriers on them when this daemon is gone
+                # clears those of owners that exit (client/stranded.py)
+                "pids": [owner.pid if owner is not None else None for owner in owners],
                 "version": peer.watch_version,
             }
             peer.connection.send(message, fds)
