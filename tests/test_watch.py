@@ -101,7 +101,8 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         sent = {task_id: peer.connection.sent for task_id, peer in daemon.peers.items()}
         assert sent[1] == []  # nobody outranks the top task
         assert sent[2] == []  # task 1 outranks it, but belongs to another user
-        assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]  # not task 2
+        # not task 2
+        assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]
         assert sent[4] == [({"push": "watch", "tasks": [2], "pids": [102], "version": 1}, 1)]
         assert daemon._watched_by(daemon.registry.tasks[3]) == [1]
         daemon._update_watches()  # nothing changed: nothing sent

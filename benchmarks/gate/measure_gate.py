@@ -88,9 +88,26 @@ OVERHEAD_CONFIGS: dict[str, dict | None] = {
     "tight_K32_W4_count_only": {**_TIGHT, "window_ms": 0.0},
     "tight_K64_W8_2ms": {**_TIGHT, "record_every": 64, "window_launches": 512, "window_ms": 2.0},
     "tight_time_only_3ms": {**_TIGHT, "window_launches": 1_000_000, "window_ms": 3.0},
+    # stream barriers every 0.025 ms (the default of `gpreempt run --mechanism gate`): with no
+    # more important task registered (no share from the daemon: none are put), and with one
+    # registered but idle (`share_ms`: as the daemon's in-flight share says so)
+    "barriers_alone": {"bound": True, "auto_activity": True, "barrier_ms": 0.025},
+    "barriers_idle_server": {
+        "bound": True,
+        "auto_activity": True,
+        "barrier_ms": 0.025,
+        "share_ms": 1.0,
+    },
 }
 
-HEAVY_CONFIGS = ("none", "auto_only", "bound_default_open", "tight_K32_W4_1ms")
+HEAVY_CONFIGS = (
+    "none",
+    "auto_only",
+    "bound_default_open",
+    "tight_K32_W4_1ms",
+    "barriers_alone",
+    "barriers_idle_server",
+)
 
 
 def measure_overhead(
@@ -101,8 +118,9 @@ def measure_overhead(
     gate_stats: dict[str, dict] = {}
     for _ in range(rounds):
         for name in names:
-            kwargs = OVERHEAD_CONFIGS[name]
-            gate = install_gate(control, **kwargs) if kwargs is not None else None
+            kwargs = dict(OVERHEAD_CONFIGS[name] or {})
+            control.set_window_share(kwargs.pop("share_ms", None))
+            gate = install_gate(control, **kwargs) if OVERHEAD_CONFIGS[name] else None
             try:
                 rates[name].append(trainer.rate(steps, warmup=2))
                 if gate is not None:
@@ -112,6 +130,7 @@ def measure_overhead(
             finally:
                 if gate is not None:
                     gate.uninstall()
+                control.set_window_share(None)
     paired = {
         name: [r / b for r, b in zip(rates[name], rates["none"], strict=True)] for name in names
     }

@@ -255,6 +255,7 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
     high = ControlBlock.create()
     high.keep_mapped()  # as the session keeps watched blocks: the GPU registered its page
     try:
+        control.set_window_share(1.0)  # a more important task is registered: barriers hold
         gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
         gate.watch([high.address], 1)
         _matmuls(20)
@@ -301,6 +302,7 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
 def test_stream_barriers_on_an_incomplete_watch_list_wait_for_the_daemon(control):
     """A gate whose watch list is incomplete (version 0) does not go on by itself on a 2V word:
     neither does the GPU at its barriers, which then wait for the daemon's plain 0."""
+    control.set_window_share(1.0)
     gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
     gate.watch([], 0)
     _matmuls(20)
@@ -322,6 +324,7 @@ def test_stream_barriers_on_an_incomplete_watch_list_wait_for_the_daemon(control
 def test_stream_barriers_put_from_threads_new_to_cuda(control):
     """An operator on a thread that has not called CUDA yet may be the one to put a barrier;
     the barrier borrows the device's context and barriers stay on."""
+    control.set_window_share(1.0)
     gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.001)
     a = torch.randn(512, 512, device="cuda")
     torch.cuda.synchronize()
@@ -338,3 +341,17 @@ def test_stream_barriers_put_from_threads_new_to_cuda(control):
     stats = gate.stats()
     assert stats["error"] is None, stats["error"]
     assert stats["barriers"] and stats["barriers_put"] > 0
+
+
+def test_stream_barriers_only_while_a_more_important_task_is_registered(control):
+    """Without an in-flight share from the daemon nobody can preempt the task: no barriers are
+    put (they would cost GPU time for nothing), and the window is not tight."""
+    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+    _matmuls(50)
+    torch.cuda.synchronize()
+    assert gate.stats()["barriers"] and gate.stats()["barriers_put"] == 0
+    control.set_window_share(1.0)
+    _matmuls(50)
+    torch.cuda.synchronize()
+    stats = gate.stats()
+    assert stats["barriers_put"] > 0 and not stats["tight"], stats

@@ -34,21 +34,28 @@ def install_gate_for(current: session.Session) -> Any:
 
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
     task detects its own GPU activity. ``GPREEMPT_GATE=0`` turns the gate off,
-    ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY`` override the two halves.
+    ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY`` override the two halves. Tasks of
+    mechanism ``gate`` put stream barriers every 0.025 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 =
+    none).
     """
     if current.gate is not None or not _flag(ENV_GATE, True):
         return current.gate
     try:
-        from .gate import install_gate
+        from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, install_gate
     except ImportError:
         return None
+    if current.mechanism != "gate":
+        barrier_ms: float | None = 0.0  # under auto, the driver lock would wait for held work
+    elif os.environ.get(ENV_BARRIER_MS, "").strip():
+        barrier_ms = None  # the environment's
+    else:
+        barrier_ms = RUN_BARRIER_MS
     gate = install_gate(
         current.control,
         bound=_flag(ENV_GATE_BOUND, current.priority < NAMED["high"]),
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
         idle_grace_ms=idle_grace_ms(),
-        # a lock behind the gate (auto) would wait for work held at a barrier
-        barrier_ms=None if current.mechanism == "gate" else 0.0,
+        barrier_ms=barrier_ms,
     )
     current.use_gate(gate)
     return gate

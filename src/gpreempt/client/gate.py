@@ -81,6 +81,8 @@ DEFAULT_WINDOW_MS = 1.0
 DEFAULT_OPEN_WINDOW_MS = 25.0
 #: How long the window stays tight after the gate was last closed.
 DEFAULT_HOLD_MS = 1000.0
+#: Stream barrier spacing (GPU time) for tasks under ``gpreempt run --mechanism gate``.
+RUN_BARRIER_MS = 0.025
 #: Sleep per poll while a watched task is active (or a task word is set).
 POLL_US = 30.0
 #: Longest sleep at a gate the daemon closed (it wakes the sleepers as it opens the gate).
@@ -330,11 +332,13 @@ def install_gate(
     ``prefer_native``: use the C++ hook, building it if needed (``GPREEMPT_GATE_NATIVE=0``
     forces the Python fallback). ``op_costs`` (``GPREEMPT_GATE_OP_COSTS``, on): the native gate
     times operators now and then and counts each at its own GPU time, not at the average.
-    ``barrier_ms`` (``GPREEMPT_GATE_BARRIER_MS``, 0 = off; experimental): every that much
-    estimated GPU time, the native gate of a bound task puts stream barriers on the current
-    CUDA stream that hold its queued work on the GPU while a watched task is active or the
-    daemon closed the gate; the CPU then keeps launching ahead instead of stopping. NVIDIA
-    only (CUDA stream memory operations); ignored by the Python fallback.
+    ``barrier_ms`` (``GPREEMPT_GATE_BARRIER_MS``, 0 = off here; :data:`RUN_BARRIER_MS` for
+    tasks of mechanism ``gate``): every that much estimated GPU time, while the daemon gives
+    the task an in-flight share (a more important task is registered on its GPU), the native
+    gate of a bound task puts stream barriers on the current CUDA stream that hold its queued
+    work on the GPU while a watched task is active or the daemon closed the gate; the CPU then
+    keeps launching ahead instead of stopping. NVIDIA only (CUDA stream memory operations);
+    ignored by the Python fallback.
 
     Raises UsageError for bad settings and RuntimeError if a gate is already installed.
     """

@@ -367,10 +367,15 @@ inline bool closed_while_watched(uint32_t word, const WatchList* w) {
   return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
          word / 2 == w->version;
 }
+// Whether stream barriers hold this task's work on the GPU: they are on, and the daemon gives
+// the task an in-flight share (someone more important is registered on its GPU).
+inline bool barriers_hold(const GateState* g) {
+  return g->barriers.load(std::memory_order_relaxed) && load32(g->ctl, kOffWindowShareUs) != 0;
+}
 // With stream barriers the GPU stops for the watched tasks by itself; the CPU does not.
 inline bool must_wait(const GateState* g, uint32_t word, const WatchList* w) {
   if (word == 0 || closed_while_watched(word, w)) {
-    return watched_active(w) && !g->barriers.load(std::memory_order_relaxed);
+    return watched_active(w) && !barriers_hold(g);
   }
   return true;
 }
@@ -410,14 +415,15 @@ bool is_tight(GateState* g, int64_t now) {
     case kOpen:
       return false;
     default:
-      if (g->barriers.load(std::memory_order_relaxed)) {
-        return false;  // a preemption drains only to the next barrier: the CPU may run ahead
-      }
       // tight while the daemon gives this task a share (someone more important is registered
-      // on its GPU and may start any moment), and for a while after the gate last closed
-      return load32(g->ctl, kOffWindowShareUs) != 0 ||
-             now - g->last_closed_ns.load(std::memory_order_relaxed) <
-                 static_cast<int64_t>(g->cfg.hold_ms * 1e6);
+      // on its GPU and may start any moment), and for a while after the gate last closed;
+      // with barriers a share needs no tight window: a preemption drains only to the next
+      // barrier, so the CPU may run ahead
+      if (load32(g->ctl, kOffWindowShareUs) != 0) {
+        return !barriers_hold(g);
+      }
+      return now - g->last_closed_ns.load(std::memory_order_relaxed) <
+             static_cast<int64_t>(g->cfg.hold_ms * 1e6);
   }
 }
 
@@ -960,8 +966,8 @@ void put_barrier(GateState* g, uint64_t work) {
     return;  // another thread put this one, or barriers just failed
   }
   g->next_barrier_work.store(work + g->barrier_ns, std::memory_order_relaxed);
-  if (!device_usable(g)) {
-    return;
+  if (!device_usable(g) || !barriers_hold(g)) {
+    return;  // no share: nobody more important is registered on this GPU, nothing to hold for
   }
   try {
     const CuApi* cu = cu_api();
