@@ -57,8 +57,10 @@ def add_mechanism_option(parser: argparse.ArgumentParser) -> None:
         "-m",
         default="auto",
         choices=MECHANISMS,
-        help="how to suspend the task: gate (in-process launch gate), lock (NVIDIA driver "
-        "lock), signal (SIGSTOP/SIGCONT), auto (best available; default)",
+        help="how to suspend the task: gate (in-process launch gate; on NVIDIA it also holds "
+        "queued work on the GPU with stream barriers, so a training task keeps the most "
+        "throughput), lock (NVIDIA driver lock), signal (SIGSTOP/SIGCONT), auto (best "
+        "available; default)",
     )
 
 
