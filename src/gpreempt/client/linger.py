@@ -86,4 +86,7 @@ class Linger:
                     continue
                 self._deadline = None
                 self.releases += 1
-                self._release()
+                try:
+                    self._release()
+                except (ValueError, OSError):
+                    return  # the block was closed (the process is shutting down)

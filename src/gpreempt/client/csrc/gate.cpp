@@ -860,6 +860,10 @@ F cu_symbol(void* lib, const char* versioned, const char* plain) {
   void* f = dlsym(lib, versioned);
   return reinterpret_cast<F>(f != nullptr ? f : dlsym(lib, plain));
 }
+template <class F>
+F cu_symbol(void* lib, const char* name) {
+  return reinterpret_cast<F>(dlsym(lib, name));
+}
 
 const CuApi* cu_api() {
   static const CuApi* api = []() -> const CuApi* {
@@ -873,10 +877,10 @@ const CuApi* cu_api() {
         cu_symbol<decltype(a->host_register)>(lib, "cuMemHostRegister_v2", "cuMemHostRegister");
     a->device_pointer = cu_symbol<decltype(a->device_pointer)>(
         lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer");
-    a->ctx_get_current = cu_symbol<decltype(a->ctx_get_current)>(lib, "cuCtxGetCurrent", "cuCtxGetCurrent");
-    a->device_get = cu_symbol<decltype(a->device_get)>(lib, "cuDeviceGet", "cuDeviceGet");
-    a->primary_ctx_retain = cu_symbol<decltype(a->primary_ctx_retain)>(
-        lib, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+    a->ctx_get_current = cu_symbol<decltype(a->ctx_get_current)>(lib, "cuCtxGetCurrent");
+    a->device_get = cu_symbol<decltype(a->device_get)>(lib, "cuDeviceGet");
+    a->primary_ctx_retain =
+        cu_symbol<decltype(a->primary_ctx_retain)>(lib, "cuDevicePrimaryCtxRetain");
     a->ctx_push = cu_symbol<decltype(a->ctx_push)>(lib, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
     a->ctx_pop = cu_symbol<decltype(a->ctx_pop)>(lib, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
     if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr ||
