@@ -6,7 +6,8 @@ export GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 export PYTHONPATH=$PWD/src
 if ! python3 -c "import gpreempt.client.gate" 2>$OUT/import_err.txt; then
   echo "package import failed, using a minimal copy"; mkdir -p /tmp/gp/gpreempt/client/csrc
-  cp src/gpreempt/control.py src/gpreempt/errors.py /tmp/gp/gpreempt/
+  cp src/gpreempt/control.py src/gpreempt/errors.py src/gpreempt/config.py src/gpreempt/futex.py \
+    /tmp/gp/gpreempt/
   touch /tmp/gp/gpreempt/__init__.py /tmp/gp/gpreempt/client/__init__.py
   cp src/gpreempt/client/gate.py src/gpreempt/client/gate_build.py /tmp/gp/gpreempt/client/
   cp src/gpreempt/client/csrc/gate.cpp /tmp/gp/gpreempt/client/csrc/

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .errors import UsageError
 
@@ -74,17 +75,28 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def _env_ms(name: str, default: float) -> float:
+def env_number(name: str, kind: type = float, minimum: float = 0, unit: str = "") -> Any:
+    """The number in ``$name`` (``kind``: float or int), None if unset or blank; UsageError,
+    naming the variable, if it is not a number of at least ``minimum`` (``unit``: what it
+    counts, for the message)."""
     raw = os.environ.get(name)
-    if not raw:
-        return default
+    if raw is None or raw.strip() == "":
+        return None
+    what = f"{'whole ' if kind is int else ''}number{f' of {unit}' if unit else ''}"
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
-        raise UsageError(f"${name}={raw!r} is not a number of milliseconds") from None
-    if not value >= 0:  # also refuses nan
-        raise UsageError(f"${name} must be >= 0, got {value}")
+        raise UsageError(
+            f"{name}={raw!r} is not a {what}; set it to a value >= {minimum} or unset it"
+        ) from None
+    if not value >= minimum:  # also refuses nan
+        raise UsageError(f"{name}={raw!r} must be >= {minimum}")
     return value
+
+
+def _env_ms(name: str, default: float) -> float:
+    value = env_number(name, float, 0, "milliseconds")
+    return default if value is None else value
 
 
 def idle_grace_ms() -> float:

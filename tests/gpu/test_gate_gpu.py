@@ -248,6 +248,22 @@ def test_dataloader_workers_run_under_an_installed_gate(control):
     assert total == float(sum(range(256)))
 
 
+def _seconds_queued_work_waits(close, control, open_after_s: float = 0.4) -> float:
+    """Queue more work than the GPU runs while the CPU launches it, ``close()`` the gate, open
+    it again after ``open_after_s``: how long until the queued work had all run."""
+    _matmuls(300, size=4096)
+    close()
+    done = torch.cuda.Event()
+    done.record()
+    opener = threading.Timer(open_after_s, control.set_gate, (False,))
+    began = time.monotonic()
+    opener.start()
+    done.synchronize()
+    held = time.monotonic() - began  # before the join, which lasts until the opener has run
+    opener.join()
+    return held
+
+
 def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_active(control):
     """With barriers, a watched task's request holds this process's queued work at the next
     barrier on the GPU while the CPU goes on launching; the work completes once it ends. A
@@ -280,16 +296,7 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
         assert gate.stats()["barriers_put"] > 0
         control.set_gate(False)
         # a plain close holds what is already queued, at its next barrier
-        _matmuls(300, size=4096)  # more than the GPU runs while the CPU launches it
-        control.set_gate(True)
-        done = torch.cuda.Event()
-        done.record()
-        opener = threading.Timer(0.4, control.set_gate, (False,))
-        began = time.monotonic()
-        opener.start()
-        done.synchronize()
-        held = time.monotonic() - began
-        opener.join()
+        held = _seconds_queued_work_waits(lambda: control.set_gate(True), control)
         assert held >= 0.35, "the GPU ran queued work while the gate was closed"
         assert gate.stats()["error"] is None
     finally:
@@ -307,16 +314,7 @@ def test_stream_barriers_on_an_incomplete_watch_list_wait_for_the_daemon(control
     gate.watch([], 0)
     _matmuls(20)
     torch.cuda.synchronize()
-    _matmuls(300, size=4096)  # more than the GPU runs while the CPU launches it
-    control.close_while_watched(1)
-    done = torch.cuda.Event()
-    done.record()
-    opener = threading.Timer(0.4, control.set_gate, (False,))
-    began = time.monotonic()
-    opener.start()
-    done.synchronize()
-    held = time.monotonic() - began
-    opener.join()
+    held = _seconds_queued_work_waits(lambda: control.close_while_watched(1), control)
     assert held >= 0.35, "the GPU went past a barrier on a word its list does not release"
     assert gate.stats()["error"] is None
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import futex
+from ..config import env_number
 from ..control import (
     OFF_AUTO_ACTIVE,
     OFF_GATE_CLOSED,
@@ -109,22 +110,6 @@ class GateConfig:
     barrier_ms: float = 0.0
 
 
-def _env_number(name: str, kind: type, minimum: float) -> Any:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise UsageError(
-            f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number; "
-            f"set it to a value >= {minimum} or unset it"
-        ) from None
-    if value < minimum:
-        raise UsageError(f"{name}={raw!r} must be >= {minimum}")
-    return value
-
-
 def _env_switch(name: str) -> bool | None:
     raw = os.environ.get(name, "").strip().lower()
     if raw == "":
@@ -160,14 +145,14 @@ def resolve_config(
     barrier_ms: float | None = None,
 ) -> GateConfig:
     """Parameters win over environment variables, which win over the defaults."""
-    k = int(_pick(record_every, _env_number(ENV_K, int, 1), DEFAULT_RECORD_EVERY))
-    events = _env_number(ENV_W, int, 1) or DEFAULT_EVENTS
+    k = int(_pick(record_every, env_number(ENV_K, int, 1), DEFAULT_RECORD_EVERY))
+    events = env_number(ENV_W, int, 1) or DEFAULT_EVENTS
     launches = int(_pick(window_launches, None, k * events))
-    tight_ms = float(_pick(window_ms, _env_number(ENV_WINDOW_MS, float, 0), DEFAULT_WINDOW_MS))
+    tight_ms = float(_pick(window_ms, env_number(ENV_WINDOW_MS, float, 0), DEFAULT_WINDOW_MS))
     open_ms = float(
-        _pick(open_window_ms, _env_number(ENV_OPEN_WINDOW_MS, float, 0), DEFAULT_OPEN_WINDOW_MS)
+        _pick(open_window_ms, env_number(ENV_OPEN_WINDOW_MS, float, 0), DEFAULT_OPEN_WINDOW_MS)
     )
-    hold = float(_pick(tight_hold_ms, _env_number(ENV_HOLD_MS, float, 0), DEFAULT_HOLD_MS))
+    hold = float(_pick(tight_hold_ms, env_number(ENV_HOLD_MS, float, 0), DEFAULT_HOLD_MS))
     chosen_mode = _pick(mode, os.environ.get(ENV_MODE) or None, "adaptive")
     if chosen_mode not in MODES:
         raise UsageError(f"gate mode {chosen_mode!r} is not one of {', '.join(MODES)}")
@@ -179,7 +164,7 @@ def resolve_config(
         if value < 1:
             raise UsageError(f"{label} must be >= 1, got {value}")
     costs = _pick(op_costs, _env_switch(ENV_OP_COSTS), True)
-    barrier = float(_pick(barrier_ms, _env_number(ENV_BARRIER_MS, float, 0), 0.0))
+    barrier = float(_pick(barrier_ms, env_number(ENV_BARRIER_MS, float, 0), 0.0))
     if not 0 <= barrier < math.inf:
         raise UsageError(f"barrier_ms must be a finite number of ms, 0 or more, not {barrier}")
     if tight_ms < 0 or open_ms < 0 or hold < 0 or idle_grace_ms < 0:

@@ -67,9 +67,9 @@ class Session:
             self._lock,
         )
         self._watch_lock = threading.Lock()
-        self._watched: list[ActivityView] = []
-        self._blocks: list[WatchedBlock] = []  # the current list's, with fds and owners
-        #: The daemon's version of the list in ``_watched``; 0 = none, or not all of it mapped.
+        #: The blocks of the list watched now: views, descriptors and owners.
+        self._blocks: list[WatchedBlock] = []
+        #: The daemon's version of that list; 0 = none, or not all of it mapped.
         self._watch_version = 0
         self._retired: list[tuple[float, ActivityView]] = []
         self._watcher = threading.Thread(target=self._watch, name="gpreempt-session", daemon=True)
@@ -86,22 +86,14 @@ class Session:
                 while (item := connection.receive()) is not None:
                     message, fds = item
                     if message.get("push") == "watch":
-                        version = message.get("version", 0)
-                        tasks = message.get("tasks")
-                        complete = isinstance(tasks, list) and len(tasks) == len(fds)
-                        valid = isinstance(version, int) and complete
-                        pids = message.get("pids")
-                        self._set_watched(
-                            fds, version if valid else 0, pids if isinstance(pids, list) else []
-                        )
+                        self._on_watch_push(message, fds)
                     else:
                         for fd in fds:
                             os.close(fd)
             except (OSError, ProtocolError):
                 pass
             self.connected = False
-            self._strand_watched()
-            self._set_watched([], 0)
+            self._set_watched([], 0, stranded=True)
             try:
                 self.control.set_gate(False)
             except (ValueError, TypeError):
@@ -135,10 +127,10 @@ class Session:
     def watched_active(self) -> bool:
         """Whether a task that outranks this one on its GPU is active right now, as read from
         the blocks the daemon sent (False if it sent none)."""
-        if not self._watched:  # nothing watched: no lock needed to say so
+        if not self._blocks:  # nothing watched: no lock needed to say so
             return False
         with self._watch_lock:
-            return any(view.is_active() for view in self._watched)
+            return any(block.view.is_active() for block in self._blocks)
 
     def _gate_puts_barriers(self) -> bool:
         """Whether the gate may have put stream barriers that read watched blocks: those
@@ -153,10 +145,25 @@ class Session:
         active = self.watched_active()
         return active or (word != 0 and not released_by_watch(word, self._watch_version, active))
 
-    def _set_watched(self, fds: list[int], version: int, pids: Sequence[object] = ()) -> None:
+    @property
+    def _watched(self) -> list[ActivityView]:
+        return [block.view for block in self._blocks]
+
+    def _on_watch_push(self, message: dict[str, Any], fds: list[int]) -> None:
+        """The daemon's watch list: a version, the tasks, their owners' pids and one fd each.
+        One whose fds did not all arrive is not the list the daemon versioned."""
+        version, tasks, pids = message.get("version"), message.get("tasks"), message.get("pids")
+        complete = isinstance(tasks, list) and len(tasks) == len(fds)
+        valid = isinstance(version, int) and complete
+        self._set_watched(fds, version if valid else 0, pids if isinstance(pids, list) else [])
+
+    def _set_watched(
+        self, fds: list[int], version: int, pids: Sequence[object] = (), stranded: bool = False
+    ) -> None:
         """Map the blocks the daemon sent (taking their fds) and watch them instead, as the
-        daemon's list ``version``; ``pids``: their owners, in the same order."""
-        views = []
+        daemon's list ``version``; ``pids``: their owners, in the same order. ``stranded``: the
+        daemon is gone, and barriers may still wait on the blocks watched until now: a thread
+        clears those whose owner exits with its words raised (:mod:`.stranded`)."""
         blocks = []
         for i, fd in enumerate(fds):
             try:
@@ -165,17 +172,13 @@ class Session:
                 version = 0  # not the list the daemon versioned: its own closing still applies
                 os.close(fd)
                 continue
-            views.append(view)
             blocks.append(WatchedBlock(view, fd, open_owner(pids[i] if i < len(pids) else None)))
         now = time.monotonic()
         with self._watch_lock:
             if self.gate is not None:
-                self.gate.watch([view.address for view in views], version)
-            for block in self._blocks:
-                block.close()
-            self._blocks = blocks
-            self._retired += [(now, view) for view in self._watched]
-            self._watched = views
+                self.gate.watch([block.view.address for block in blocks], version)
+            old, self._blocks = self._blocks, blocks
+            self._retired += [(now, block.view) for block in old]
             self._watch_version = version
             keep = []
             for since, view in self._retired:
@@ -184,20 +187,13 @@ class Session:
                 else:
                     keep.append((since, view))
             self._retired = keep
-
-    def _strand_watched(self) -> None:
-        """The daemon went away: if the gate put stream barriers on the watched blocks, see
-        to it that none stays raised by a task that exits before a daemon is back
-        (:mod:`.stranded`)."""
-        with self._watch_lock:
-            blocks, self._blocks = self._blocks, []
-        if blocks and self._gate_puts_barriers():
+        if stranded and old and self._gate_puts_barriers():
             threading.Thread(
-                target=free_stranded, args=(blocks,), name="gpreempt-stranded", daemon=True
+                target=free_stranded, args=(old,), name="gpreempt-stranded", daemon=True
             ).start()
         else:
-            for block in blocks:
-                block.close()
+            for block in old:
+                block.close()  # the descriptors; the views are retired above
 
     def enter_request(self) -> None:
         with self._lock:

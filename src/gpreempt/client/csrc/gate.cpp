@@ -959,6 +959,14 @@ CuDevicePtr device_word(GateState* g, const CuApi* cu, const uint8_t* word, bool
 // closed (bit 0 of gate_closed) and no watched task is active. A failure turns barriers off for
 // good, and the CPU stops for watched tasks again.
 void put_barrier(GateState* g, uint64_t work) {
+  if (!barriers_hold(g)) {
+    // off (the mark then stays at its maximum), or nobody more important is registered on this
+    // GPU: nothing to hold for; look again one spacing later, without taking the lock
+    if (g->barriers.load(std::memory_order_relaxed)) {
+      g->next_barrier_work.store(work + g->barrier_ns, std::memory_order_relaxed);
+    }
+    return;
+  }
   MaybeNoGil nogil;
   std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
   if (!lock.try_lock()) {
@@ -970,8 +978,8 @@ void put_barrier(GateState* g, uint64_t work) {
     return;  // another thread put this one, or barriers just failed
   }
   g->next_barrier_work.store(work + g->barrier_ns, std::memory_order_relaxed);
-  if (!device_usable(g) || !barriers_hold(g)) {
-    return;  // no share: nobody more important is registered on this GPU, nothing to hold for
+  if (!device_usable(g)) {
+    return;
   }
   try {
     const CuApi* cu = cu_api();
