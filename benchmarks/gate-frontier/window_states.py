@@ -33,7 +33,10 @@ def _events(run: Path) -> list[dict]:
 def states(run: Path) -> dict:
     """Shares of the window: ``a`` (Case-A active), ``none``/``one``/``multi`` trainers let run
     otherwise; plus the trainers' steps in the window."""
-    served = _load(next(iter(sorted(run.glob("case-a.json*")))))
+    found = sorted(run.glob("case-a.json*"))
+    if not found:
+        raise SystemExit(f"{run}: no case-a.json: not a gpreempt scenario of a bench run")
+    served = _load(found[0])
     start, end = min(served["scheduled"]), max(served["end"])
     shares = {"a": 0.0, "none": 0.0, "one": 0.0, "multi": 0.0}
     running: dict[str, bool] = {}
