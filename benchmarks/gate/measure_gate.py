@@ -34,7 +34,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-from gpreempt.client.gate import install_gate  # noqa: E402
+from gpreempt.client.gate import RUN_BARRIER_MS, install_gate  # noqa: E402
 from gpreempt.client.gate_build import load_native  # noqa: E402
 from gpreempt.control import ControlBlock  # noqa: E402
 
@@ -88,14 +88,14 @@ OVERHEAD_CONFIGS: dict[str, dict | None] = {
     "tight_K32_W4_count_only": {**_TIGHT, "window_ms": 0.0},
     "tight_K64_W8_2ms": {**_TIGHT, "record_every": 64, "window_launches": 512, "window_ms": 2.0},
     "tight_time_only_3ms": {**_TIGHT, "window_launches": 1_000_000, "window_ms": 3.0},
-    # stream barriers every 0.025 ms (the default of `gpreempt run --mechanism gate`): with no
-    # more important task registered (no share from the daemon: none are put), and with one
+    # stream barriers as `gpreempt run --mechanism gate` puts them by default: with no more
+    # important task registered (no share from the daemon: none are put), and with one
     # registered but idle (`share_ms`: as the daemon's in-flight share says so)
-    "barriers_alone": {"bound": True, "auto_activity": True, "barrier_ms": 0.025},
+    "barriers_alone": {"bound": True, "auto_activity": True, "barrier_ms": RUN_BARRIER_MS},
     "barriers_idle_server": {
         "bound": True,
         "auto_activity": True,
-        "barrier_ms": 0.025,
+        "barrier_ms": RUN_BARRIER_MS,
         "share_ms": 1.0,
     },
 }

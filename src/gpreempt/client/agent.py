@@ -35,7 +35,7 @@ def install_gate_for(current: session.Session) -> Any:
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
     task detects its own GPU activity. ``GPREEMPT_GATE=0`` turns the gate off,
     ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY`` override the two halves. Tasks of
-    mechanism ``gate`` put stream barriers every 0.025 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 =
+    mechanism ``gate`` put stream barriers every 0.1 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 =
     none).
     """
     if current.gate is not None or not _flag(ENV_GATE, True):

@@ -82,8 +82,10 @@ DEFAULT_WINDOW_MS = 1.0
 DEFAULT_OPEN_WINDOW_MS = 25.0
 #: How long the window stays tight after the gate was last closed.
 DEFAULT_HOLD_MS = 1000.0
-#: Stream barrier spacing (GPU time) for tasks under ``gpreempt run --mechanism gate``.
-RUN_BARRIER_MS = 0.025
+#: Stream barrier spacing (GPU time) for tasks under ``gpreempt run --mechanism gate``. Each
+#: barrier stalls the stream's front end between two kernels, so closer barriers cost the
+#: trainer more than they save the server (docs/results.md, "How far apart the barriers").
+RUN_BARRIER_MS = 0.1
 #: Sleep per poll while a watched task is active (or a task word is set).
 POLL_US = 30.0
 #: Longest sleep at a gate the daemon closed (it wakes the sleepers as it opens the gate).
