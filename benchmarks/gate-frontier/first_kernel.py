@@ -18,8 +18,13 @@ after a random idle pause, how long one tiny kernel takes from launch to complet
 ``--serve-args`` passes more options to that daemon. ``--mps`` makes every process a client
 of a private MPS daemon, the trainers at ``CUDA_MPS_CLIENT_PRIORITY=1`` (below normal).
 
-The wait is the round trip minus the median round trip with no trainer. Writes every sample
-and a summary to OUT.json and prints a table.
+The wait is the round trip minus the median round trip with no trainer. The round trip ends
+with a host-side synchronisation whose wake-up jitter is part of every sample, so the prober
+also stamps, with a one-instruction kernel queued right behind the tiny one, when the GPU got
+to it (``%globaltimer``): the *start* is that stamp minus the host's clock at the launch, less
+the smallest such gap of a calibration at the prober's start (so the GPU's and host's clocks
+need not agree); the start wait is the start minus its median with no trainer. Writes every
+sample and a summary to OUT.json and prints a table.
 """
 
 from __future__ import annotations
@@ -75,8 +80,56 @@ def train(args: argparse.Namespace) -> None:
         step()
 
 
+#: A kernel that writes the GPU's nanosecond clock to its one argument.
+_STAMP_PTX = b"""
+.version 7.8
+.target sm_75
+.address_size 64
+.visible .entry stamp(.param .u64 out)
+{
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd2, %rd1;
+    mov.u64 %rd3, %globaltimer;
+    st.global.u64 [%rd2], %rd3;
+    ret;
+}
+"""
+
+
+class GpuStamp:
+    """Launches the stamp kernel on torch's current stream, one 8-byte slot per call."""
+
+    def __init__(self, torch, slots: int) -> None:
+        import ctypes
+
+        from cuda.bindings import driver as cu
+
+        self._cu, self._ctypes = cu, ctypes
+        self.out = torch.zeros(slots, dtype=torch.int64, device="cuda")
+        err, self._module = cu.cuModuleLoadData(_STAMP_PTX)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuModuleLoadData: {err}")
+        err, self._function = cu.cuModuleGetFunction(self._module, b"stamp")
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuModuleGetFunction: {err}")
+        self._stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+        self(0)  # a first stamp, to fall back to round trips only where this does not work
+        torch.cuda.synchronize()
+        if int(self.out[0]) == 0:
+            raise RuntimeError("the stamp kernel wrote nothing")
+
+    def __call__(self, slot: int) -> None:
+        address = self.out.data_ptr() + 8 * slot
+        args = ((address,), (self._ctypes.c_void_p,))
+        (err,) = self._cu.cuLaunchKernel(self._function, 1, 1, 1, 1, 1, 1, 0, self._stream, args, 0)
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuLaunchKernel: {err}")
+
+
 def probe(args: argparse.Namespace) -> None:
-    """The prober: tiny-kernel round trips, in one mode, after random pauses."""
+    """The prober: tiny-kernel round trips and GPU start times, in one mode, after random
+    pauses."""
     import torch
 
     import gpreempt
@@ -85,23 +138,47 @@ def probe(args: argparse.Namespace) -> None:
     for _ in range(20):
         x.add_(1)
     torch.cuda.synchronize()
+    calibration = 50
+    try:
+        stamp: GpuStamp | None = GpuStamp(torch, calibration + args.trials)
+    except (ImportError, RuntimeError, TypeError) as exc:
+        print(f"no GPU stamps, round trips only: {exc}", file=sys.stderr)
+        stamp = None
+    launched: list[int] = []
+    samples: list[float] = []
+
+    def trial(slot: int) -> None:
+        start = time.perf_counter()
+        launched.append(time.time_ns())
+        x.add_(1)
+        if stamp is not None:
+            stamp(slot)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e3)
+
+    if stamp is not None:  # the smallest launch-to-clock gap with the trainers held off
+        for slot in range(calibration):
+            with gpreempt.request():
+                _spin(0.002)
+                trial(slot)
+        samples.clear()
+        time.sleep(0.05)
     rng = random.Random(args.seed)
-    samples = []
-    for _ in range(args.trials):
+
+    for i in range(args.trials):
         time.sleep(rng.uniform(0.005, 0.015))
         if args.prep_ms is None:
-            start = time.perf_counter()
-            x.add_(1)
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) * 1e3)
+            trial(calibration + i)
         else:
             with gpreempt.request():
                 _spin(args.prep_ms / 1e3)
-                start = time.perf_counter()
-                x.add_(1)
-                torch.cuda.synchronize()
-                samples.append((time.perf_counter() - start) * 1e3)
-    Path(args.result).write_text(json.dumps(samples))
+                trial(calibration + i)
+    starts: list[float] | None = None
+    if stamp is not None:
+        gaps = [g - h for g, h in zip(stamp.out.tolist(), launched, strict=True)]
+        offset = min(gaps[:calibration])
+        starts = [(g - offset) / 1e6 for g in gaps[calibration:]]
+    Path(args.result).write_text(json.dumps({"round_trips_ms": samples, "starts_ms": starts}))
 
 
 # ------------------------------------------------------------------------- orchestration
@@ -201,19 +278,22 @@ def _probe(
     cmd += ["--result", str(result)]
     cmd += [] if prep is None else ["--prep-ms", str(prep)]
     subprocess.run(cmd, env=env, check=True, timeout=600)
-    return {"mode": mode, "samples_ms": json.loads(result.read_text())}
+    found = json.loads(result.read_text())
+    return {"mode": mode, "samples_ms": found["round_trips_ms"], "starts_ms": found["starts_ms"]}
 
 
 def _summarise(args: argparse.Namespace, results: dict) -> None:
-    """Waits (round trip minus the median with no trainer, same budget and mode); a table."""
-    alone = {
-        (s["budget_ms"], s["mode"]): _percentile(s["samples_ms"], 0.5)
-        for s in results["settings"]
-        if s["trainers"] == 0
-    }
+    """Waits (round trip, and GPU start, minus the median with no trainer, same budget and
+    mode); a table."""
+    alone: dict[tuple, dict[str, float]] = {}
+    for s in results["settings"]:
+        if s["trainers"] == 0:
+            alone[(s["budget_ms"], s["mode"])] = {
+                key: _percentile(s[key], 0.5) for key in ("samples_ms", "starts_ms") if s[key]
+            }
     rows = []
     for s in results["settings"]:
-        base = alone.get((s["budget_ms"], s["mode"]), 0.0)
+        base = alone.get((s["budget_ms"], s["mode"]), {})
         v = s["samples_ms"]
         row = {
             "budget_ms": s["budget_ms"],
@@ -221,19 +301,29 @@ def _summarise(args: argparse.Namespace, results: dict) -> None:
             "mode": s["mode"],
             "round_trip_p50_ms": _percentile(v, 0.5),
             "round_trip_p99_ms": _percentile(v, 0.99),
-            "wait_p50_ms": _percentile(v, 0.5) - base,
-            "wait_p99_ms": _percentile(v, 0.99) - base,
+            "wait_p50_ms": _percentile(v, 0.5) - base.get("samples_ms", 0.0),
+            "wait_p99_ms": _percentile(v, 0.99) - base.get("samples_ms", 0.0),
         }
+        if s["starts_ms"]:
+            zero = base.get("starts_ms", 0.0)
+            row["start_wait_p50_ms"] = _percentile(s["starts_ms"], 0.5) - zero
+            row["start_wait_p99_ms"] = _percentile(s["starts_ms"], 0.99) - zero
         rows.append(row)
     results["summary"] = rows
     Path(args.out).write_text(json.dumps(results, indent=1))
     header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait p50", "wait p99")
-    print("{:>6} {:>8} {:>12} {:>8} {:>8} {:>9} {:>9}".format(*header))
+    header += ("start wait p50", "p99")
+    print("{:>6} {:>8} {:>12} {:>8} {:>8} {:>9} {:>9} {:>15} {:>6}".format(*header))
     for r in rows:
+        starts = (
+            f"{r['start_wait_p50_ms']:>15.3f} {r['start_wait_p99_ms']:>6.3f}"
+            if "start_wait_p50_ms" in r
+            else ""
+        )
         print(
             f"{r['budget_ms']:>6g} {r['trainers']:>8} {r['mode']:>12} "
             f"{r['round_trip_p50_ms']:>8.3f} {r['round_trip_p99_ms']:>8.3f} "
-            f"{r['wait_p50_ms']:>9.3f} {r['wait_p99_ms']:>9.3f}"
+            f"{r['wait_p50_ms']:>9.3f} {r['wait_p99_ms']:>9.3f} {starts}"
         )
 
 
