@@ -140,7 +140,7 @@ def probe(args: argparse.Namespace) -> None:
     torch.cuda.synchronize()
     calibration = 50
     try:
-        stamp: GpuStamp | None = GpuStamp(torch, calibration + args.trials)
+        stamp: GpuStamp | None = GpuStamp(torch, args.trials + calibration)
     except (ImportError, RuntimeError, TypeError) as exc:
         print(f"no GPU stamps, round trips only: {exc}", file=sys.stderr)
         stamp = None
@@ -156,29 +156,28 @@ def probe(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - start) * 1e3)
 
-    if stamp is not None:  # the smallest launch-to-clock gap with the trainers held off
-        for slot in range(calibration):
-            with gpreempt.request():
-                _spin(0.002)
-                trial(slot)
-        samples.clear()
-        time.sleep(0.05)
     rng = random.Random(args.seed)
-
     for i in range(args.trials):
         time.sleep(rng.uniform(0.005, 0.015))
         if args.prep_ms is None:
-            trial(calibration + i)
+            trial(i)
         else:
             with gpreempt.request():
                 _spin(args.prep_ms / 1e3)
-                trial(calibration + i)
+                trial(i)
+    round_trips = list(samples)
     starts: list[float] | None = None
     if stamp is not None:
+        # The smallest launch-to-clock gap with the trainers held off, after the trials: a
+        # process that used request() no longer counts as active by its launches alone.
+        for slot in range(args.trials, args.trials + calibration):
+            with gpreempt.request():
+                _spin(0.002)
+                trial(slot)
         gaps = [g - h for g, h in zip(stamp.out.tolist(), launched, strict=True)]
-        offset = min(gaps[:calibration])
-        starts = [(g - offset) / 1e6 for g in gaps[calibration:]]
-    Path(args.result).write_text(json.dumps({"round_trips_ms": samples, "starts_ms": starts}))
+        offset = min(gaps[args.trials :])
+        starts = [(g - offset) / 1e6 for g in gaps[: args.trials]]
+    Path(args.result).write_text(json.dumps({"round_trips_ms": round_trips, "starts_ms": starts}))
 
 
 # ------------------------------------------------------------------------- orchestration
