@@ -21,10 +21,12 @@ of a private MPS daemon, the trainers at ``CUDA_MPS_CLIENT_PRIORITY=1`` (below n
 The wait is the round trip minus the median round trip with no trainer. The round trip ends
 with a host-side synchronisation whose wake-up jitter is part of every sample, so the prober
 also stamps, with a one-instruction kernel queued right behind the tiny one, when the GPU got
-to it (``%globaltimer``): the *start* is that stamp minus the host's clock at the launch, less
-the smallest such gap of a calibration at the prober's start (so the GPU's and host's clocks
-need not agree); the start wait is the start minus its median with no trainer. Writes every
-sample and a summary to OUT.json and prints a table.
+to it (``%globaltimer``). Against the host's clock just before the launch that gives the
+*start*; against the host's clock once both launch calls returned it gives the time the work
+sat *queued* on the GPU, without the host's own jitter in launching. Each is less the smallest
+such gap of a calibration after the trials, with the trainers held off by ``request()`` (so
+the GPU's and host's clocks need not agree), and its wait is it minus its median with no
+trainer. Writes every sample and a summary to OUT.json and prints a table.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ def train(args: argparse.Namespace) -> None:
     while True:
         step()
 
+
+#: The samples timed on the GPU's clock, besides the round trips.
+_STAMPED = ("starts_ms", "queued_ms")
 
 #: A kernel that writes the GPU's nanosecond clock to its one argument.
 _STAMP_PTX = b"""
@@ -145,6 +150,7 @@ def probe(args: argparse.Namespace) -> None:
         print(f"no GPU stamps, round trips only: {exc}", file=sys.stderr)
         stamp = None
     launched: list[int] = []
+    submitted: list[int] = []
     samples: list[float] = []
 
     def trial(slot: int) -> None:
@@ -153,6 +159,7 @@ def probe(args: argparse.Namespace) -> None:
         x.add_(1)
         if stamp is not None:
             stamp(slot)
+        submitted.append(time.time_ns())
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - start) * 1e3)
 
@@ -165,19 +172,20 @@ def probe(args: argparse.Namespace) -> None:
             with gpreempt.request():
                 _spin(args.prep_ms / 1e3)
                 trial(i)
-    round_trips = list(samples)
-    starts: list[float] | None = None
+    found: dict[str, list[float] | None] = {"round_trips_ms": list(samples)}
     if stamp is not None:
-        # The smallest launch-to-clock gap with the trainers held off, after the trials: a
+        # The smallest host-to-GPU-clock gaps with the trainers held off, after the trials: a
         # process that used request() no longer counts as active by its launches alone.
         for slot in range(args.trials, args.trials + calibration):
             with gpreempt.request():
                 _spin(0.002)
                 trial(slot)
-        gaps = [g - h for g, h in zip(stamp.out.tolist(), launched, strict=True)]
-        offset = min(gaps[args.trials :])
-        starts = [(g - offset) / 1e6 for g in gaps[: args.trials]]
-    Path(args.result).write_text(json.dumps({"round_trips_ms": round_trips, "starts_ms": starts}))
+        stamps = stamp.out.tolist()
+        for key, host in (("starts_ms", launched), ("queued_ms", submitted)):
+            gaps = [g - h for g, h in zip(stamps, host, strict=True)]
+            offset = min(gaps[args.trials :])
+            found[key] = [(g - offset) / 1e6 for g in gaps[: args.trials]]
+    Path(args.result).write_text(json.dumps(found))
 
 
 # ------------------------------------------------------------------------- orchestration
@@ -278,17 +286,22 @@ def _probe(
     cmd += [] if prep is None else ["--prep-ms", str(prep)]
     subprocess.run(cmd, env=env, check=True, timeout=600)
     found = json.loads(result.read_text())
-    return {"mode": mode, "samples_ms": found["round_trips_ms"], "starts_ms": found["starts_ms"]}
+    return {
+        "mode": mode,
+        "samples_ms": found["round_trips_ms"],
+        **{key: found.get(key) for key in _STAMPED},
+    }
 
 
 def _summarise(args: argparse.Namespace, results: dict) -> None:
-    """Waits (round trip, and GPU start, minus the median with no trainer, same budget and
-    mode); a table."""
+    """Waits (round trip, GPU start and time queued, each minus its median with no trainer,
+    same budget and mode); a table."""
+    keys = ("samples_ms", *_STAMPED)
     alone: dict[tuple, dict[str, float]] = {}
     for s in results["settings"]:
         if s["trainers"] == 0:
             alone[(s["budget_ms"], s["mode"])] = {
-                key: _percentile(s[key], 0.5) for key in ("samples_ms", "starts_ms") if s[key]
+                key: _percentile(s[key], 0.5) for key in keys if s.get(key)
             }
     rows = []
     for s in results["settings"]:
@@ -300,29 +313,29 @@ def _summarise(args: argparse.Namespace, results: dict) -> None:
             "mode": s["mode"],
             "round_trip_p50_ms": _percentile(v, 0.5),
             "round_trip_p99_ms": _percentile(v, 0.99),
-            "wait_p50_ms": _percentile(v, 0.5) - base.get("samples_ms", 0.0),
-            "wait_p99_ms": _percentile(v, 0.99) - base.get("samples_ms", 0.0),
         }
-        if s["starts_ms"]:
-            zero = base.get("starts_ms", 0.0)
-            row["start_wait_p50_ms"] = _percentile(s["starts_ms"], 0.5) - zero
-            row["start_wait_p99_ms"] = _percentile(s["starts_ms"], 0.99) - zero
+        for key, name in zip(keys, ("wait", "start_wait", "queued_wait"), strict=True):
+            if s.get(key):
+                zero = base.get(key, 0.0)
+                row[f"{name}_p50_ms"] = _percentile(s[key], 0.5) - zero
+                row[f"{name}_p99_ms"] = _percentile(s[key], 0.99) - zero
         rows.append(row)
     results["summary"] = rows
     Path(args.out).write_text(json.dumps(results, indent=1))
-    header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait p50", "wait p99")
-    header += ("start wait p50", "p99")
-    print("{:>6} {:>8} {:>12} {:>8} {:>8} {:>9} {:>9} {:>15} {:>6}".format(*header))
+    print("waits in ms, P50 / P99, each minus its median with no trainer")
+    header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait", "start wait", "queued")
+    print("{:>6} {:>8} {:>8} {:>7} {:>7} {:>13} {:>13} {:>13}".format(*header))
     for r in rows:
-        starts = (
-            f"{r['start_wait_p50_ms']:>15.3f} {r['start_wait_p99_ms']:>6.3f}"
-            if "start_wait_p50_ms" in r
-            else ""
-        )
+        waits = [
+            f"{r[f'{name}_p50_ms']:.3f} / {r[f'{name}_p99_ms']:.3f}"
+            if f"{name}_p50_ms" in r
+            else "-"
+            for name in ("wait", "start_wait", "queued_wait")
+        ]
         print(
-            f"{r['budget_ms']:>6g} {r['trainers']:>8} {r['mode']:>12} "
-            f"{r['round_trip_p50_ms']:>8.3f} {r['round_trip_p99_ms']:>8.3f} "
-            f"{r['wait_p50_ms']:>9.3f} {r['wait_p99_ms']:>9.3f} {starts}"
+            f"{r['budget_ms']:>6g} {r['trainers']:>8} {r['mode']:>8} "
+            f"{r['round_trip_p50_ms']:>7.3f} {r['round_trip_p99_ms']:>7.3f} "
+            + " ".join(f"{w:>13}" for w in waits)
         )
 
 
