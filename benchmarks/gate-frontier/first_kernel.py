@@ -21,12 +21,12 @@ of a private MPS daemon, the trainers at ``CUDA_MPS_CLIENT_PRIORITY=1`` (below n
 The wait is the round trip minus the median round trip with no trainer. The round trip ends
 with a host-side synchronisation whose wake-up jitter is part of every sample, so the prober
 also stamps, with a one-instruction kernel queued right behind the tiny one, when the GPU got
-to it (``%globaltimer``). Against the host's clock just before the launch that gives the
-*start*; against the host's clock once both launch calls returned it gives the time the work
-sat *queued* on the GPU, without the host's own jitter in launching. Each is less the smallest
-such gap of a calibration after the trials, with the trainers held off by ``request()`` (so
-the GPU's and host's clocks need not agree), and its wait is it minus its median with no
-trainer. Writes every sample and a summary to OUT.json and prints a table.
+to it (``%globaltimer``), put on the host's clock (a kernel feeds the GPU's clock to pinned
+memory while the host reads it, before the trials). From the host's clock just before the
+launch that gives the *start*; from the host's clock once both launch calls returned, the time
+the work sat *queued* on the GPU, without the host's own jitter in launching. Each wait is the
+value minus its median with no trainer. Writes every sample and a summary to OUT.json and
+prints a table (the summary also has each value's own P50 and P99).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def train(args: argparse.Namespace) -> None:
 #: The samples timed on the GPU's clock, besides the round trips.
 _STAMPED = ("starts_ms", "queued_ms")
 
-#: A kernel that writes the GPU's nanosecond clock to its one argument.
+#: ``stamp`` writes the GPU's nanosecond clock to its one argument; ``feed`` keeps writing it to
+#: (host) memory for ``span`` ns of that clock, for the host to read it as it goes.
 _STAMP_PTX = b"""
 .version 7.8
 .target sm_75
@@ -99,37 +100,87 @@ _STAMP_PTX = b"""
     st.global.u64 [%rd2], %rd3;
     ret;
 }
+.visible .entry feed(.param .u64 out, .param .u64 span)
+{
+    .reg .b64 %rd<6>;
+    .reg .pred %p;
+    ld.param.u64 %rd1, [out];
+    ld.param.u64 %rd2, [span];
+    mov.u64 %rd3, %globaltimer;
+    add.u64 %rd4, %rd3, %rd2;
+LOOP:
+    mov.u64 %rd5, %globaltimer;
+    st.volatile.u64 [%rd1], %rd5;
+    setp.lt.u64 %p, %rd5, %rd4;
+    @%p bra LOOP;
+    ret;
+}
 """
 
 
 class GpuStamp:
-    """Launches the stamp kernel on torch's current stream, one 8-byte slot per call."""
+    """Launches the stamp kernel on torch's current stream, one 8-byte slot per call, and
+    relates the GPU's clock to the host's (:meth:`host_minus_gpu_ns`)."""
 
     def __init__(self, torch, slots: int) -> None:
         import ctypes
 
         from cuda.bindings import driver as cu
 
-        self._cu, self._ctypes = cu, ctypes
+        self._torch, self._cu, self._ctypes = torch, cu, ctypes
         self.out = torch.zeros(slots, dtype=torch.int64, device="cuda")
         err, self._module = cu.cuModuleLoadData(_STAMP_PTX)
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuModuleLoadData: {err}")
-        err, self._function = cu.cuModuleGetFunction(self._module, b"stamp")
-        if err != cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuModuleGetFunction: {err}")
+        self._stamp = self._function(b"stamp")
+        self._feed = self._function(b"feed")
         self._stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
         self(0)  # a first stamp, to fall back to round trips only where this does not work
         torch.cuda.synchronize()
         if int(self.out[0]) == 0:
             raise RuntimeError("the stamp kernel wrote nothing")
 
-    def __call__(self, slot: int) -> None:
-        address = self.out.data_ptr() + 8 * slot
-        args = ((address,), (self._ctypes.c_void_p,))
-        (err,) = self._cu.cuLaunchKernel(self._function, 1, 1, 1, 1, 1, 1, 0, self._stream, args, 0)
+    def _function(self, name: bytes):
+        err, function = self._cu.cuModuleGetFunction(self._module, name)
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuModuleGetFunction({name!r}): {err}")
+        return function
+
+    def _launch(self, function, args: tuple) -> None:
+        (err,) = self._cu.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, self._stream, args, 0)
         if err != self._cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernel: {err}")
+
+    def __call__(self, slot: int) -> None:
+        address = self.out.data_ptr() + 8 * slot
+        self._launch(self._stamp, ((address,), (self._ctypes.c_void_p,)))
+
+    def host_minus_gpu_ns(self, span_ms: float = 5.0) -> int:
+        """The host's clock (``time.time_ns``) minus the GPU's, to about a microsecond: the
+        smallest gap between reading the GPU's clock from pinned memory, as ``feed`` writes
+        it, and the host's clock right after. Launched raw, the kernel is no operator the
+        gate sees; time-sliced or late, it only yields fewer useful samples."""
+        ctypes = self._ctypes
+        feed = self._torch.zeros(1, dtype=self._torch.int64, pin_memory=True)
+        word = ctypes.c_int64.from_address(feed.data_ptr())
+        args = ((feed.data_ptr(), int(span_ms * 1e6)), (ctypes.c_void_p, ctypes.c_uint64))
+        self._launch(self._feed, args)
+        best, last, deadline = None, 0, time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            gpu = word.value
+            host = time.time_ns()
+            if gpu != last:
+                last = gpu
+                best = host - gpu if best is None else min(best, host - gpu)
+            elif best is not None and self._stream_done():
+                break
+        self._torch.cuda.synchronize()
+        if best is None:
+            raise RuntimeError("the feed kernel wrote nothing to host memory")
+        return best
+
+    def _stream_done(self) -> bool:
+        return self._cu.cuStreamQuery(self._stream)[0] == self._cu.CUresult.CUDA_SUCCESS
 
 
 def probe(args: argparse.Namespace) -> None:
@@ -143,12 +194,12 @@ def probe(args: argparse.Namespace) -> None:
     for _ in range(20):
         x.add_(1)
     torch.cuda.synchronize()
-    calibration = 50
     try:
-        stamp: GpuStamp | None = GpuStamp(torch, args.trials + calibration)
+        stamp: GpuStamp | None = GpuStamp(torch, args.trials)
+        offset = stamp.host_minus_gpu_ns()
     except (ImportError, RuntimeError, TypeError) as exc:
         print(f"no GPU stamps, round trips only: {exc}", file=sys.stderr)
-        stamp = None
+        stamp, offset = None, 0
     launched: list[int] = []
     submitted: list[int] = []
     samples: list[float] = []
@@ -172,19 +223,11 @@ def probe(args: argparse.Namespace) -> None:
             with gpreempt.request():
                 _spin(args.prep_ms / 1e3)
                 trial(i)
-    found: dict[str, list[float] | None] = {"round_trips_ms": list(samples)}
-    if stamp is not None:
-        # The smallest host-to-GPU-clock gaps with the trainers held off, after the trials: a
-        # process that used request() no longer counts as active by its launches alone.
-        for slot in range(args.trials, args.trials + calibration):
-            with gpreempt.request():
-                _spin(0.002)
-                trial(slot)
-        stamps = stamp.out.tolist()
+    found: dict[str, list[float] | None] = {"round_trips_ms": samples}
+    if stamp is not None:  # the stamps on the host's clock, from the launch and from its return
+        on_host = [g + offset for g in stamp.out.tolist()]
         for key, host in (("starts_ms", launched), ("queued_ms", submitted)):
-            gaps = [g - h for g, h in zip(stamps, host, strict=True)]
-            offset = min(gaps[args.trials :])
-            found[key] = [(g - offset) / 1e6 for g in gaps[: args.trials]]
+            found[key] = [(g - h) / 1e6 for g, h in zip(on_host, host, strict=True)]
     Path(args.result).write_text(json.dumps(found))
 
 
@@ -319,18 +362,23 @@ def _summarise(args: argparse.Namespace, results: dict) -> None:
                 zero = base.get(key, 0.0)
                 row[f"{name}_p50_ms"] = _percentile(s[key], 0.5) - zero
                 row[f"{name}_p99_ms"] = _percentile(s[key], 0.99) - zero
+        for key in _STAMPED:
+            if s.get(key):
+                row[f"{key[:-3]}_p50_ms"] = _percentile(s[key], 0.5)
+                row[f"{key[:-3]}_p99_ms"] = _percentile(s[key], 0.99)
         rows.append(row)
     results["summary"] = rows
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print("waits in ms, P50 / P99, each minus its median with no trainer")
-    header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait", "start wait", "queued")
-    print("{:>6} {:>8} {:>8} {:>7} {:>7} {:>13} {:>13} {:>13}".format(*header))
+    print("ms, P50 / P99; waits are minus the median with no trainer, queued is as measured")
+    header = ("budget", "trainers", "mode", "rt p50", "rt p99", "wait", "start wait")
+    header += ("queued wait", "queued")
+    print("{:>6} {:>8} {:>8} {:>7} {:>7} {:>13} {:>13} {:>13} {:>13}".format(*header))
     for r in rows:
         waits = [
             f"{r[f'{name}_p50_ms']:.3f} / {r[f'{name}_p99_ms']:.3f}"
             if f"{name}_p50_ms" in r
             else "-"
-            for name in ("wait", "start_wait", "queued_wait")
+            for name in ("wait", "start_wait", "queued_wait", "queued")
         ]
         print(
             f"{r['budget_ms']:>6g} {r['trainers']:>8} {r['mode']:>8} "
