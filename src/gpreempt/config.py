@@ -19,6 +19,7 @@ ENV_AUTO_ACTIVITY = "GPREEMPT_AUTO_ACTIVITY"
 ENV_GRACE_MS = "GPREEMPT_IDLE_GRACE_MS"
 ENV_GATE = "GPREEMPT_GATE"
 ENV_LINGER_MS = "GPREEMPT_REQUEST_LINGER_MS"
+ENV_REQUEST_WARM = "GPREEMPT_REQUEST_WARM"
 
 SOCKET_NAME = "gpreempt.sock"
 LOCK_NAME = "daemon.lock"
@@ -94,6 +95,19 @@ def env_number(name: str, kind: type = float, minimum: float = 0, unit: str = ""
     return value
 
 
+def env_switch(name: str) -> bool | None:
+    """The switch in ``$name`` (1/true/yes/on or 0/false/no/off), None if unset or blank;
+    UsageError, naming the variable, for anything else."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{name}={raw!r} is not a switch; set it to 1 or 0, or unset it")
+
+
 def _env_ms(name: str, default: float) -> float:
     value = env_number(name, float, 0, "milliseconds")
     return default if value is None else value
@@ -109,3 +123,11 @@ def request_linger_ms() -> float:
     started right after it finds less important tasks still stopped
     (``$GPREEMPT_REQUEST_LINGER_MS``; 0 drops them at once)."""
     return _env_ms(ENV_LINGER_MS, DEFAULT_REQUEST_LINGER_MS)
+
+
+def request_warm() -> bool:
+    """Whether entering a request puts a no-op kernel on the current CUDA stream, so that the
+    GPU switches to this process while the request prepares instead of at its first kernel
+    (``$GPREEMPT_REQUEST_WARM``, on by default)."""
+    value = env_switch(ENV_REQUEST_WARM)
+    return True if value is None else value

@@ -353,3 +353,35 @@ def test_stream_barriers_only_while_a_more_important_task_is_registered(control)
     torch.cuda.synchronize()
     stats = gate.stats()
     assert stats["barriers_put"] > 0 and not stats["tight"], stats
+
+
+def test_warm_launches_outside_a_capture_and_leaves_a_capture_alone(control, monkeypatch):
+    """Entering a request warms the GPU with a no-op kernel on the current stream; inside a
+    CUDA graph capture it launches nothing (the kernel would join the graph)."""
+    launched = []
+    real_sleep = torch.cuda._sleep
+
+    def sleep(cycles: int) -> None:
+        launched.append(torch.cuda.is_current_stream_capturing())
+        real_sleep(cycles)
+
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    gate = install_gate(control, bound=False, auto_activity=False)
+    x = torch.zeros(16, device="cuda")
+    gate.warm()
+    torch.cuda.synchronize()
+    assert launched == [False]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gate.warm()
+        x.add_(1)
+    assert launched == [False]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x, torch.full_like(x, 4.0))

@@ -42,10 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import idle_grace_ms, request_linger_ms
+    from ..config import idle_grace_ms, request_linger_ms, request_warm
     from ..launcher import Launcher, TaskSpec
 
-    idle_grace_ms(), request_linger_ms()  # a bad setting fails here, not silently in CMD
+    idle_grace_ms(), request_linger_ms(), request_warm()  # a bad setting fails here, not in CMD
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import futex
-from ..config import env_number
+from ..config import env_number, env_switch
 from ..control import (
     OFF_AUTO_ACTIVE,
     OFF_GATE_CLOSED,
@@ -112,17 +112,6 @@ class GateConfig:
     barrier_ms: float = 0.0
 
 
-def _env_switch(name: str) -> bool | None:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return None
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"{name}={raw!r} is not a switch; set it to 1 or 0, or unset it")
-
-
 def _pick(explicit: Any, env: Any, default: Any) -> Any:
     if explicit is not None:
         return explicit
@@ -165,7 +154,7 @@ def resolve_config(
     ):
         if value < 1:
             raise UsageError(f"{label} must be >= 1, got {value}")
-    costs = _pick(op_costs, _env_switch(ENV_OP_COSTS), True)
+    costs = _pick(op_costs, env_switch(ENV_OP_COSTS), True)
     barrier = float(_pick(barrier_ms, env_number(ENV_BARRIER_MS, float, 0), 0.0))
     if not 0 <= barrier < math.inf:
         raise UsageError(f"barrier_ms must be a finite number of ms, 0 or more, not {barrier}")
@@ -232,6 +221,18 @@ class Gate:
         """Wait until the GPU work this process launched so far has completed."""
         if self._installed:
             self._impl.drain()
+
+    def warm(self) -> None:
+        """Put a no-op kernel on the current CUDA stream. Entering a request does, so that the
+        GPU switches from the other processes' contexts to this one while the request
+        prepares, not at its first kernel. Nothing where CUDA is not initialised here or the
+        stream is being captured (the kernel would join the graph)."""
+        torch = sys.modules.get("torch")
+        if not self._installed or torch is None or not _cuda_initialized(torch):
+            return
+        with contextlib.suppress(RuntimeError):  # a request never fails for it
+            if not torch.cuda.is_current_stream_capturing():
+                torch.cuda._sleep(0)
 
     def watch(self, addresses: Sequence[int], version: int = 0) -> None:
         """Also stop while one of these control blocks (mapped read-only at these addresses)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms
+from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms, request_warm
 from ..control import ActivityView, ControlBlock, released_by_watch
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
@@ -48,6 +48,7 @@ class Session:
         reply: dict[str, Any],
         register: dict[str, Any] | None = None,
         linger_ms: float | None = None,
+        warm: bool | None = None,
     ) -> None:
         self.client = client
         self.control = control
@@ -66,6 +67,8 @@ class Session:
             lambda: self.control.set_requests(0),
             self._lock,
         )
+        #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`).
+        self.warm = request_warm() if warm is None else warm
         self._watch_lock = threading.Lock()
         #: The blocks of the list watched now: views, descriptors and owners.
         self._blocks: list[WatchedBlock] = []
@@ -198,8 +201,11 @@ class Session:
     def enter_request(self) -> None:
         with self._lock:
             self._requests += 1
-            if self._requests == 1 and not self.linger.cancel():
+            raised = self._requests == 1 and not self.linger.cancel()
+            if raised:
                 self.control.set_requests(1)
+        if raised and self.warm and self.gate is not None:
+            self.gate.warm()
 
     def exit_request(self) -> None:
         with self._lock:
@@ -245,7 +251,7 @@ def open_session(runtime_dir: str | None, register: dict[str, Any] | None) -> Se
 
 def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
     global _session
-    linger_ms = request_linger_ms()
+    linger_ms, warm = request_linger_ms(), request_warm()
     client = DaemonClient.connect(runtime_dir)
     control = ControlBlock.create()
     try:
@@ -257,7 +263,7 @@ def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
         if isinstance(exc, GpreemptError):
             raise
         raise DaemonUnavailable(f"the daemon did not accept this process: {exc}") from None
-    _session = Session(client, control, reply, register, linger_ms)
+    _session = Session(client, control, reply, register, linger_ms, warm)
     return _session
 
 
