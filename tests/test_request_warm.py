@@ -1,4 +1,5 @@
-"""Entering a request warms the GPU: a no-op kernel, once per activation of the requests word."""
+"""Requests that warm the GPU (``GPREEMPT_REQUEST_WARM``): a no-op kernel, once per activation
+of the requests word."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gpreempt.errors import UsageError
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [(None, True), ("", True), ("0", False), ("off", False), ("1", True)]
+    ("raw", "expected"), [(None, False), ("", False), ("0", False), ("off", False), ("1", True)]
 )
 def test_the_warm_setting(monkeypatch, raw, expected) -> None:
     if raw is None:

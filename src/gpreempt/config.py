@@ -128,6 +128,5 @@ def request_linger_ms() -> float:
 def request_warm() -> bool:
     """Whether entering a request puts a no-op kernel on the current CUDA stream, so that the
     GPU switches to this process while the request prepares instead of at its first kernel
-    (``$GPREEMPT_REQUEST_WARM``, on by default)."""
-    value = env_switch(ENV_REQUEST_WARM)
-    return True if value is None else value
+    (``$GPREEMPT_REQUEST_WARM``, off by default)."""
+    return env_switch(ENV_REQUEST_WARM) or False

@@ -223,10 +223,11 @@ class Gate:
             self._impl.drain()
 
     def warm(self) -> None:
-        """Put a no-op kernel on the current CUDA stream. Entering a request does, so that the
-        GPU switches from the other processes' contexts to this one while the request
-        prepares, not at its first kernel. Nothing where CUDA is not initialised here or the
-        stream is being captured (the kernel would join the graph)."""
+        """Put a no-op kernel on the current CUDA stream. Entering a request does (with
+        ``GPREEMPT_REQUEST_WARM=1``), so that the GPU switches from the other processes'
+        contexts to this one while the request prepares, not at its first kernel. Nothing
+        where CUDA is not initialised here or the stream is being captured (the kernel would
+        join the graph)."""
         torch = sys.modules.get("torch")
         if not self._installed or torch is None or not _cuda_initialized(torch):
             return

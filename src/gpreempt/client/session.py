@@ -67,7 +67,8 @@ class Session:
             lambda: self.control.set_requests(0),
             self._lock,
         )
-        #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`).
+        #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`);
+        #: off unless ``GPREEMPT_REQUEST_WARM=1``.
         self.warm = request_warm() if warm is None else warm
         self._watch_lock = threading.Lock()
         #: The blocks of the list watched now: views, descriptors and owners.
