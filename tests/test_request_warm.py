@@ -99,18 +99,23 @@ def test_a_request_warms_once_per_activation(tmp_path, warm, expected) -> None:
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
-def test_warm_does_nothing_without_cuda() -> None:
-    """On a machine without a GPU (or before CUDA is initialised) warming is a no-op."""
-    pytest.importorskip("torch")
+def test_warm_launches_nothing_without_cuda(monkeypatch) -> None:
+    """On a machine without a GPU (or before CUDA is initialised) warming launches nothing
+    and raises nothing."""
+    torch = pytest.importorskip("torch")
     from gpreempt.client import gate as gate_mod
     from gpreempt.control import ControlBlock
 
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised in this process")
+    launched: list[int] = []
+    monkeypatch.setattr(torch.cuda, "_sleep", launched.append, raising=False)
     block = ControlBlock.create()
     gate = gate_mod.install_gate(block, bound=False, auto_activity=False)
     try:
         gate.warm()
-        assert gate.stats()["launches"] == 0
     finally:
         gate.uninstall()
         block.close()
     gate.warm()  # uninstalled: still nothing, no error
+    assert launched == []

@@ -69,7 +69,7 @@ class Session:
         )
         #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`);
         #: off unless ``GPREEMPT_REQUEST_WARM=1``.
-        self.warm = request_warm() if warm is None else warm
+        self.warm_requests = request_warm() if warm is None else warm
         self._watch_lock = threading.Lock()
         #: The blocks of the list watched now: views, descriptors and owners.
         self._blocks: list[WatchedBlock] = []
@@ -205,7 +205,7 @@ class Session:
             raised = self._requests == 1 and not self.linger.cancel()
             if raised:
                 self.control.set_requests(1)
-        if raised and self.warm and self.gate is not None:
+        if raised and self.warm_requests and self.gate is not None:
             self.gate.warm()
 
     def exit_request(self) -> None:
