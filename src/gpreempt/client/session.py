@@ -178,6 +178,7 @@ class Session:
                 continue
             blocks.append(WatchedBlock(view, fd, open_owner(pids[i] if i < len(pids) else None)))
         now = time.monotonic()
+        barriers = self._gate_puts_barriers()
         with self._watch_lock:
             if self.gate is not None:
                 self.gate.watch([block.view.address for block in blocks], version)
@@ -186,12 +187,12 @@ class Session:
             self._watch_version = version
             keep = []
             for since, view in self._retired:
-                if now - since > UNMAP_AFTER_S and not self._gate_puts_barriers():
+                if now - since > UNMAP_AFTER_S and not barriers:
                     view.close()
                 else:
                     keep.append((since, view))
             self._retired = keep
-        if stranded and old and self._gate_puts_barriers():
+        if stranded and old and barriers:
             threading.Thread(
                 target=free_stranded, args=(old,), name="gpreempt-stranded", daemon=True
             ).start()
