@@ -137,3 +137,22 @@ def test_a_failed_lock_is_reported_and_not_retried_until_the_task_resumes() -> N
     assert backstop.next_due() is None
     backstop.release(task)  # resumed: the next suspension may try again
     assert backstop.next_due() == 100.05
+
+
+def test_a_gate_whose_barriers_hold_its_work_is_not_locked() -> None:
+    from gpreempt.control import OFF_BARRIERS_ON, ControlBlock
+
+    driver = FakeDriver()
+    _daemon, task, backstop = setup(driver)
+    control = ControlBlock.create()
+    try:
+        task.controls[1] = control
+        control._set32(OFF_BARRIERS_ON, 1)  # what the native gate writes when it puts barriers
+        assert backstop.next_due() is None
+        backstop.apply(200.0)
+        backstop.finish()
+        assert driver.calls == [] and not task.backstop_locked
+        control._set32(OFF_BARRIERS_ON, 0)  # barriers failed or off: the lock backs it up again
+        assert backstop.next_due() == 100.05
+    finally:
+        control.close()

@@ -172,7 +172,7 @@ def test_report_has_the_test_plan_tables_and_lists_invalid_scenarios():
 
 
 def test_scenario_names_are_checked():
-    assert check_scenarios(["mps", "mps", "gpreempt-auto"]) == ("mps", "gpreempt-auto")
+    assert check_scenarios(["mps", "mps", "gpreempt"]) == ("mps", "gpreempt")
     with pytest.raises(UsageError, match="unknown scenario"):
         check_scenarios(["gpreempt-magic"])
 

@@ -210,7 +210,7 @@ def test_cli_help_documents_every_option(capsys):
         "--out",
         "--quick",
         "mps-priority",
-        "gpreempt-auto",
+        "gpreempt",
     ):
         assert option in text
 

@@ -39,6 +39,12 @@ offset  type   meaning
 52      u32    window_share_us: GPU time (us) the gate may keep in flight while
                tight, this task's share of its GPU's budget; while it is set the
                gate stays tight; 0 = no limit from the daemon (daemon)
+56      u32    sleep_ok: 1 while nobody more important on the task's GPU has been
+               active for a while: the gate may disable its operator hook until
+               this drops, its gate closes or a watched task starts (daemon)
+60      u32    barriers_on: 1 while the gate puts stream barriers, which hold its
+               queued work on the GPU; the daemon's driver-lock backstop then
+               leaves the task alone (client)
 ======  =====  ==================================================================
 """
 
@@ -70,6 +76,8 @@ OFF_WINDOW = 40
 OFF_GATE_INSTALLED = 44
 OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
+OFF_SLEEP_OK = 56
+OFF_BARRIERS_ON = 60
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
@@ -179,6 +187,19 @@ class ControlBlock:
         """Whether the client says it wants the GPU (daemon), by :func:`wants_gpu`."""
         get = self._get32
         return wants_gpu(get(OFF_REQUESTS), get(OFF_AUTO_ACTIVE), get(OFF_HINTED))
+
+    def set_sleep_ok(self, ok: bool) -> None:
+        """Let the task's gate sleep (disable its operator hook) while nothing can preempt it."""
+        self._set32(OFF_SLEEP_OK, 1 if ok else 0)
+
+    @property
+    def sleep_ok(self) -> bool:
+        return self._get32(OFF_SLEEP_OK) != 0
+
+    @property
+    def barriers_on(self) -> bool:
+        """The task's gate puts stream barriers: the GPU holds its queued work by itself."""
+        return self._get32(OFF_BARRIERS_ON) != 0
 
     @property
     def gate_installed(self) -> bool:

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-DEMO_SCENARIOS = ("a-alone", "time-sliced", "gpreempt-auto")
+DEMO_SCENARIOS = ("a-alone", "time-sliced", "gpreempt")
 
 
 def run_gpu_demo(quick: bool = True, out_dir: Path | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from . import load, plots, report, stats
 from .memory import MemoryPlan, make_plan, probe_gpu
 from .metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
 from .scenarios import (
+    A_AFTER,
     ALL_SCENARIOS,
     DEFAULT_SCENARIOS,
     MEMORY_SCENARIOS,
@@ -82,6 +83,8 @@ def scenario_order(names: Sequence[str]) -> list[str]:
     """The references first (always measured: every ratio needs them), then the rest in the
     canonical order; ``sequential`` is derived, not run."""
     wanted = set(names) | set(REFERENCES)
+    if wanted - {*REFERENCES, "sequential", A_AFTER}:
+        wanted.add(A_AFTER)  # something shares the GPU: how far Case-A alone drifted meanwhile
     return [n for n in ALL_SCENARIOS if n in wanted]
 
 
@@ -187,7 +190,9 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         "case_a": config.case_a,
         "case_a_batch": config.workloads.case_a_batch,
         "case_a_fn": config.workloads.case_a_fn,
-        "case_b": config.workloads.case_b_fn or config.workloads.case_b_cmd or "transformer",
+        "case_b": config.workloads.case_b_fn
+        or config.workloads.case_b_cmd
+        or config.workloads.case_b_kind,
         "scenarios": names,
         "repeats": config.repeats,
         "seed": config.seed,

@@ -38,8 +38,21 @@ MPS_B_PRIORITY: dict[str, str | None] = {
     "mps-priority": "1",
     GATE_MPS_SCENARIO: "1",
 }
-MECHANISMS = ("signal", "lock", "gate", "auto")
-GPREEMPT_SCENARIOS = tuple(f"gpreempt-{m}" for m in MECHANISMS)
+#: Mechanisms forced with ``--mechanism`` (scenario ``gpreempt`` names none: the default).
+MECHANISMS = ("signal", "lock", "gate")
+#: ``gpreempt``: both tasks with nothing but their priority set, as users run them.
+DEFAULT_SCENARIO = "gpreempt"
+#: The same, with a server that never calls ``gpreempt.request()``.
+NO_REQUEST_SCENARIO = "gpreempt-no-request"
+GPREEMPT_SCENARIOS = (
+    DEFAULT_SCENARIO,
+    NO_REQUEST_SCENARIO,
+    *(f"gpreempt-{m}" for m in MECHANISMS),
+)
+#: Case-A alone once more, after every other scenario: its distance from ``a-alone`` is the
+#: drift of Case-A's own latency over the run (an eager server's moves a lot). Measured
+#: whenever a scenario shares the GPU.
+A_AFTER = "a-alone-after"
 POLICY_SCENARIOS = ("gpreempt-timeslice", "gpreempt-share")
 SCHEDULER_SCENARIO = "gpreempt-scheduler"
 MEMORY_SCENARIOS = ("memory-pressure", "memory-pressure-baseline")
@@ -52,7 +65,7 @@ OPT_IN_SCENARIOS = (
     SCHEDULER_SCENARIO,
     *MEMORY_SCENARIOS,
 )
-ALL_SCENARIOS = DEFAULT_SCENARIOS + OPT_IN_SCENARIOS
+ALL_SCENARIOS = DEFAULT_SCENARIOS + OPT_IN_SCENARIOS + (A_AFTER,)
 #: Case-B's guaranteed share in gpreempt-share (``gpreempt run --min-share``).
 SHARE_MIN = 0.2
 
@@ -64,7 +77,10 @@ DESCRIPTIONS = {
     "stream-priority": "one process: Case-A on a high-priority stream, Case-B in a thread",
     "mps": "separate processes under MPS",
     "mps-priority": "MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B",
-    **{f"gpreempt-{m}": f"gpreempt, mechanism {m}" for m in MECHANISMS},
+    DEFAULT_SCENARIO: "gpreempt with its defaults: only --priority high / low",
+    NO_REQUEST_SCENARIO: "gpreempt with its defaults, Case-A never calls gpreempt.request()",
+    **{f"gpreempt-{m}": f"gpreempt, Case-B forced to --mechanism {m}" for m in MECHANISMS},
+    A_AFTER: "Case-A alone again, after every other scenario (its drift over the run)",
     GATE_MPS_SCENARIO: "gpreempt, mechanism gate, all processes under MPS, Case-B below normal",
     "gpreempt-timeslice": "gpreempt, policy timeslice (slices 80 ms high / 20 ms low)",
     "gpreempt-share": f"gpreempt, policy share, Case-B --min-share {SHARE_MIN}",
@@ -79,11 +95,14 @@ class DaemonSetup:
     """How a scenario with a private daemon starts it and its tasks."""
 
     policy: str = "hpf"
-    b_mechanism: str = "auto"
+    b_mechanism: str | None = None  # None: the default (no --mechanism)
     b_options: tuple[str, ...] = ()
+    a_request: bool = True  # Case-A marks its requests with gpreempt.request()
 
 
 DAEMON_SETUPS: dict[str, DaemonSetup] = {
+    DEFAULT_SCENARIO: DaemonSetup(),
+    NO_REQUEST_SCENARIO: DaemonSetup(a_request=False),
     **{f"gpreempt-{m}": DaemonSetup(b_mechanism=m) for m in MECHANISMS},
     GATE_MPS_SCENARIO: DaemonSetup(b_mechanism="gate"),
     "gpreempt-timeslice": DaemonSetup(policy="timeslice"),
@@ -112,6 +131,8 @@ class Workloads:
 
     python: str = sys.executable
     case_a_batch: int = 8  # ResNet-50 batch of the built-in Case-A
+    case_a_graph: bool = True  # the built-in Case-A replays a CUDA graph (else eager)
+    case_b_kind: str = "transformer"  # the built-in Case-B (workloads.CASE_B_KINDS)
     case_a_fn: str | None = None  # MODULE:FACTORY of a user's request handler
     case_b_fn: str | None = None  # MODULE:FACTORY of a user's training step
     case_b_cmd: str | None = None  # any command as Case-B (shell words)
@@ -127,6 +148,8 @@ class Workloads:
         argv = ["--batch", str(self.case_a_batch), "--warmup-s", str(self.warmup_s)]
         if self.case_a_fn:
             argv += ["--fn", self.case_a_fn]
+        elif not self.case_a_graph:
+            argv += ["--eager"]
         return argv + [
             "--ready-file",
             str(files["ready"]),
@@ -138,9 +161,13 @@ class Workloads:
             str(files["out"]),
         ]
 
-    def serve_argv(self, files: dict[str, Path], growth: Sequence[str] = ()) -> list[str]:
-        """Case-A; ``growth`` adds the memory-pressure options (see :meth:`growth_options`)."""
-        return [*self._module(), "serve", *self.serve_options(files), *growth]
+    def serve_argv(
+        self, files: dict[str, Path], growth: Sequence[str] = (), request: bool = True
+    ) -> list[str]:
+        """Case-A; ``growth`` adds the memory-pressure options (see :meth:`growth_options`);
+        ``request=False``: it never calls gpreempt.request()."""
+        hint = [] if request else ["--no-request"]
+        return [*self._module(), "serve", *self.serve_options(files), *growth, *hint]
 
     def growth_options(self, plan: MemoryPlan, wait_s: float) -> list[str]:
         argv = ["--grow-bytes", str(plan.growth_bytes), "--grow-at-s", str(plan.growth_at_s)]
@@ -150,7 +177,9 @@ class Workloads:
     def calibrate_argv(self, out: Path, count: int) -> list[str]:
         argv = [*self._module(), "serve", "--batch", str(self.case_a_batch)]
         argv += ["--warmup-s", str(self.warmup_s), "--calibrate", str(count), "--out", str(out)]
-        return argv + (["--fn", self.case_a_fn] if self.case_a_fn else [])
+        if self.case_a_fn:
+            return argv + ["--fn", self.case_a_fn]
+        return argv + ([] if self.case_a_graph else ["--eager"])
 
     def train_argv(self, files: dict[str, Path], ballast_bytes: int = 0) -> list[str]:
         if self.case_b_cmd:
@@ -159,6 +188,8 @@ class Workloads:
         argv += ["--warmup-steps", str(self.warmup_steps)]
         if self.case_b_fn:
             argv += ["--fn", self.case_b_fn]
+        elif self.case_b_kind != "transformer":
+            argv += ["--kind", self.case_b_kind]
         if ballast_bytes:
             argv += ["--ballast-bytes", str(ballast_bytes)]
             argv += ["--memory-fn", self.memory_fn] if self.memory_fn else []
@@ -442,7 +473,7 @@ def _memory_plan(harness: Harness, name: str) -> MemoryPlan:
 def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> None:
     work, directory = harness.workloads, raw.directory
     with_a = name != "b-alone"
-    b_count = 0 if name == "a-alone" else harness.bg
+    b_count = 0 if name in ("a-alone", A_AFTER) else harness.bg
     setup = DAEMON_SETUPS.get(name)
     one_process = {"stream-priority": "combined", SCHEDULER_SCENARIO: "scheduled"}.get(name)
     plan = _memory_plan(harness, name) if name in MEMORY_SCENARIOS else None
@@ -509,7 +540,7 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
                 growth: list[str] = []
                 if plan is not None:  # the baseline has nothing to wait for: it fails at once
                     growth = work.growth_options(plan, plan.wait_s if daemon else 0.0)
-                argv = work.serve_argv(a_files, growth)
+                argv = work.serve_argv(a_files, growth, setup.a_request if setup else True)
                 if daemon:
                     reserve = ["--reserve-memory", plan.reserve_option()] if plan else []
                     argv = daemon.wrap(argv, "case-a", "high", None, reserve)

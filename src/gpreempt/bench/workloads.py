@@ -44,8 +44,12 @@ from typing import Any
 
 from . import loops
 
-#: Case-A variants: name -> ResNet-50 batch size.
-CASE_A_BATCH = {"light": 8, "heavy": 64}
+#: Case-A variants: name -> ResNet-50 batch size (``eager``: batch 8, no CUDA graph).
+CASE_A_BATCH = {"light": 8, "heavy": 64, "eager": 8}
+#: Case-B variants (``--case-b``): the Transformer as most people write it (eager), reading its
+#: loss every step (which synchronises), compiled with ``torch.compile``, and a CuPy GEMM loop
+#: (no PyTorch in the process, so no launch gate).
+CASE_B_KINDS = ("transformer", "transformer-sync", "transformer-compiled", "cupy")
 
 
 def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
@@ -104,8 +108,13 @@ def transformer_trainer(
     batch: int = 16,
     seq: int = 512,
     device: str = "cuda",
+    sync_loss: bool = False,
+    compiled: bool = False,
 ) -> Callable[[], Any]:
-    """Case-B: one call queues one training step; returns an event that completes with it."""
+    """Case-B: one call queues one training step; returns an event that completes with it.
+
+    ``sync_loss``: read the loss every step (``loss.item()``, as loops that log it do), which
+    waits for the step; ``compiled``: the model under ``torch.compile``."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
@@ -117,18 +126,23 @@ def transformer_trainer(
     model = torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
     model = model.to(dev).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compiled else model
     x = torch.randn(batch, seq, d_model, device=dev)
     target = torch.randn(batch, seq, d_model, device=dev)
+    losses: list[float] = []
     if on_gpu:
         torch.cuda.synchronize()
 
     def step() -> Any:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16):
-            out = model(x)
+            out = forward(x)
         loss = F.mse_loss(out.float(), target)
         loss.backward()
         optimizer.step()
+        if sync_loss:
+            losses.append(loss.item())
+            return None
         if on_gpu:
             event = torch.cuda.Event(blocking=True)
             event.record()
@@ -177,19 +191,45 @@ def _server_from(args: argparse.Namespace) -> Callable[[], Any]:
     # A server that may run out of memory serves eagerly: after an out-of-memory error in the
     # process, the next replay of a captured CUDA graph faulted with an illegal address
     # (PyTorch 2.11 on an H200), with or without emptying the cache.
-    graph = not getattr(args, "grow_bytes", 0)
+    graph = not getattr(args, "grow_bytes", 0) and not getattr(args, "eager", False)
     return resnet50_server(batch=args.batch, device=args.device, graph=graph)
+
+
+def cupy_trainer(n: int = 4096, gemms: int = 48) -> Callable[[], Any]:
+    """Case-B without PyTorch: one call queues ``gemms`` fp16 GEMMs of n x n with CuPy and
+    returns an event that completes with them (the loop runs ahead as such loops do)."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    b = rng.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    out = cp.empty_like(a)
+    cp.cuda.Device().synchronize()
+
+    def step() -> Any:
+        for _ in range(gemms):
+            cp.matmul(a, b, out=out)
+        event = cp.cuda.Event(block=True)
+        event.record()
+        return event
+
+    return step
 
 
 def _trainer_from(fn: str | None, args: argparse.Namespace) -> Callable[[], Any]:
     if fn:
         return loops.load_callable(fn)()
+    kind = getattr(args, "kind", "transformer")
+    if kind == "cupy":
+        return cupy_trainer()
     return transformer_trainer(
         d_model=args.d_model,
         layers=args.layers,
         batch=args.train_batch,
         seq=args.seq,
         device=args.device,
+        sync_loss=kind == "transformer-sync",
+        compiled=kind == "transformer-compiled",
     )
 
 
@@ -227,7 +267,8 @@ def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict
     ready_t = time.time()
     go = json.loads(loops.wait_for_file(args.go_file, args.go_timeout_s))
     served = growth.wrap(handle) if growth else handle
-    result = loops.serve(served, offsets, float(go["t0"]), loops.request_context())
+    hint = contextlib.nullcontext if getattr(args, "no_request", False) else loops.request_context()
+    result = loops.serve(served, offsets, float(go["t0"]), hint)
     if growth:
         extra = {**extra, "growth": growth.release()}
     loops.write_json(args.out, {"pid": os.getpid(), "ready_t": ready_t, **result, **extra})
@@ -382,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--arrivals", help="JSON list of arrival offsets in seconds")
         p.add_argument("--calibrate", type=int, default=0, help="measure N isolated requests")
         p.add_argument("--warmup-requests", type=int, default=50)
+    serve.add_argument(
+        "--eager", action="store_true", help="serve eagerly, without replaying a CUDA graph"
+    )
+    serve.add_argument(
+        "--no-request",
+        action="store_true",
+        help="never call gpreempt.request(): gpreempt sees requests only by their GPU work",
+    )
     serve.add_argument("--grow-bytes", type=int, default=0, help="grow the working set once")
     serve.add_argument("--grow-at-s", type=float, default=0.0, help="first request due then")
     serve.add_argument("--grow-chunk-bytes", type=int, default=512 << 20)
@@ -395,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seq", type=int, default=512)
         p.add_argument("--warmup-steps", type=int, default=10)
     train.add_argument("--fn", help="MODULE:FACTORY returning a training step (your own job)")
+    train.add_argument(
+        "--kind", choices=CASE_B_KINDS, default="transformer", help="built-in training step"
+    )
     train.add_argument("--stop-file", help="stop when this file appears")
     train.add_argument(
         "--ballast-bytes", type=int, default=0, help="hold this much device memory beside the model"

@@ -19,14 +19,19 @@ scenarios (a-alone and b-alone are always measured, every ratio needs them):
   stream-priority  one process: Case-A on a high-priority stream, Case-B in a thread
   mps              separate processes under a private MPS daemon
   mps-priority     MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B
-  gpreempt-signal, gpreempt-lock, gpreempt-gate, gpreempt-auto
-                   a private `gpreempt serve`; Case-B `gpreempt run --priority low
-                   --mechanism M`, Case-A `gpreempt run --priority high`
+  gpreempt         a private `gpreempt serve`; Case-B `gpreempt run --priority low`,
+                   Case-A `gpreempt run --priority high`: the defaults, nothing else set
+  gpreempt-no-request
+                   the same, but Case-A never calls gpreempt.request()
+  gpreempt-signal, gpreempt-lock, gpreempt-gate
+                   as gpreempt, Case-B forced to `--mechanism M`
+  a-alone-after    Case-A alone again, last: how far its own latency drifted during the run
+                   (measured whenever a scenario shares the GPU)
 
 opt-in scenarios (not in the default list, so that --quick keeps to about 8 minutes; name
 them in --scenarios, or use --scenarios all):
   gpreempt-timeslice   `gpreempt serve --policy timeslice` (default slices: 80 ms high, 20 ms
-                       low); Case-B --mechanism auto
+                       low)
   gpreempt-share       `gpreempt serve --policy share`; Case-B also --min-share 0.2
   gpreempt-scheduler   one process, no daemon: gpreempt.GPUScheduler with Case-B's steps as a
                        low task and Case-A's requests as a high task (request() per request)
@@ -42,13 +47,17 @@ timeline.png/.json, and runs/r<k>/<scenario>/ with every process's log and raw d
 examples:
   gpreempt bench --quick
   gpreempt bench --bg 3 --case-a heavy --repeats 3 --out runs/heavy-3
-  gpreempt bench --scenarios time-sliced,gpreempt-auto --case-b-cmd "python train.py"
+  gpreempt bench --scenarios gpreempt,gpreempt-no-request --case-b transformer-sync
+  gpreempt bench --scenarios gpreempt,gpreempt-lock --case-b cupy
+  gpreempt bench --scenarios time-sliced,gpreempt --case-b-cmd "python train.py"
   gpreempt bench --quick --scenarios gpreempt-timeslice,gpreempt-share,gpreempt-scheduler
   gpreempt bench --quick --scenarios memory-pressure,memory-pressure-baseline --growth-gib 40
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..bench.workloads import CASE_B_KINDS
+
     parser = subparsers.add_parser(
         "bench",
         help="measure Case-A latency and Case-B throughput under every alternative",
@@ -78,9 +87,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--case-a",
-        choices=("light", "heavy"),
+        choices=("light", "heavy", "eager"),
         default="light",
-        help="built-in Case-A: light = ResNet-50 fp16 batch 8, heavy = batch 64 (default light)",
+        help="built-in Case-A: light = ResNet-50 fp16 batch 8 replayed from a CUDA graph, heavy "
+        "= batch 64, eager = batch 8 without a graph (default light)",
+    )
+    parser.add_argument(
+        "--case-b",
+        choices=CASE_B_KINDS,
+        default="transformer",
+        help="built-in Case-B: an eager Transformer encoder training loop; -sync reads its loss "
+        "every step (loss.item()), -compiled runs it under torch.compile; cupy is a CuPy GEMM "
+        "loop with no PyTorch (default transformer)",
     )
     parser.add_argument(
         "--case-a-fn",
@@ -231,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
     workloads = Workloads(
         python=args.python,
         case_a_batch=CASE_A_BATCH[args.case_a],
+        case_a_graph=args.case_a != "eager",
+        case_b_kind=args.case_b,
         case_a_fn=args.case_a_fn,
         case_b_fn=args.case_b_fn,
         case_b_cmd=args.case_b_cmd,

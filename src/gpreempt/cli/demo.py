@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                 "scenario": {
                     "a-alone": "Case-A alone",
                     "time-sliced": "co-located, no gpreempt",
-                    "gpreempt-auto": "co-located, gpreempt",
+                    "gpreempt": "co-located, gpreempt",
                 }.get(r["scenario"], r["scenario"]),
                 "p50": r["a_p50_ms"],
                 "p99": r["a_p99_ms"],

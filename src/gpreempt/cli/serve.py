@@ -15,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..daemon.backstop import DEFAULT_DELAY_MS
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
+    from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
     from ..policy.turns import DEFAULT_TURN_MS
 
     parser = subparsers.add_parser(
@@ -70,9 +71,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=DEFAULT_DELAY_MS,
         metavar="MS",
-        help="with --mechanism auto, also lock a task in the NVIDIA driver once its gate has "
-        "held it this long, so that launches the gate cannot see stop too (custom extensions, "
-        f"torch.compile's kernels, other threads); default {DEFAULT_DELAY_MS:g}, 0 = never",
+        help="with --mechanism auto (the default), also lock a task in the NVIDIA driver once "
+        "its gate has held it this long, so that launches the gate cannot see stop too, unless "
+        "its gate puts stream barriers (which hold them on the GPU); default "
+        f"{DEFAULT_DELAY_MS:g}, 0 = never",
+    )
+    parser.add_argument(
+        "--sleep-after-s",
+        type=float,
+        default=DEFAULT_SLEEP_AFTER_S,
+        metavar="S",
+        help="(policy hpf) once every more important task on its GPU has been idle this long, "
+        "a gated task's gate sleeps: its per-operator hook is off and costs nothing, until one "
+        "starts again. What the task queues while its gate sleeps is not bounded, so the first "
+        f"request after such a pause waits for it (default {DEFAULT_SLEEP_AFTER_S:g}; 0 = never)",
     )
     parser.add_argument(
         "--no-watch",
@@ -103,9 +115,11 @@ def run(args: argparse.Namespace) -> int:
         ("--inflight-budget-ms", args.inflight_budget_ms),
         ("--backstop-ms", args.backstop_ms),
         ("--turn-ms", args.turn_ms),
+        ("--sleep-after-s", args.sleep_after_s),
     ):
         if not 0 <= value < math.inf:  # also refuses nan
-            raise UsageError(f"{flag} must be a finite number of ms, 0 or more, not {value:g}")
+            unit = "s" if flag.endswith("-s") else "ms"
+            raise UsageError(f"{flag} must be a finite number of {unit}, 0 or more, not {value:g}")
     daemon = Daemon(
         resolve_runtime_dir(args.runtime_dir),
         policy=args.policy,
@@ -117,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         watch=not args.no_watch,
         watch_resume=not args.no_watch_resume,
         turn_ms=args.turn_ms,
+        sleep_after_s=args.sleep_after_s,
         log=lambda message: print(f"gpreempt serve: {message}", file=sys.stderr, flush=True),
     )
     daemon.start()

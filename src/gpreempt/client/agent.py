@@ -35,8 +35,8 @@ def install_gate_for(current: session.Session) -> Any:
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
     task detects its own GPU activity. ``GPREEMPT_GATE=0`` turns the gate off,
     ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY`` override the two halves. Tasks of
-    mechanism ``gate`` put stream barriers every 0.1 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 =
-    none).
+    mechanism ``auto`` (the default) and ``gate`` put stream barriers every 0.1 ms
+    (``GPREEMPT_GATE_BARRIER_MS``, 0 = none).
     """
     if current.gate is not None or not _flag(ENV_GATE, True):
         return current.gate
@@ -44,8 +44,8 @@ def install_gate_for(current: session.Session) -> Any:
         from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, install_gate
     except ImportError:
         return None
-    if current.mechanism != "gate":
-        barrier_ms: float | None = 0.0  # under auto, the driver lock would wait for held work
+    if current.mechanism not in ("gate", "auto"):
+        barrier_ms: float | None = 0.0
     elif os.environ.get(ENV_BARRIER_MS, "").strip():
         barrier_ms = None  # the environment's
     else:

@@ -10,6 +10,12 @@ which stops every CUDA call of the process, and lifts that lock before the gate 
 The delay keeps the lock's cost off the many short preemptions the gate handles alone: a lock
 call waits for the work already queued (1.5 ms at P50 on an H200). The call runs on a helper
 thread, so the daemon keeps answering while it waits.
+
+A gate that puts stream barriers (``barriers_on`` in its control block) is left alone: the GPU
+itself holds what the process queued behind the last barrier on its stream, work the gate never
+saw included (a graph replay, a Triton kernel of ``torch.compile``, an extension's kernel on the
+current stream), and a lock would wait for that held work until the request ended, then stop
+the task's CPU while it unlocks. Work such a task puts on other streams is not held.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class Backstop:
             and task.suspended
             and task.suspended_with == "gate"
             and task.preempted_since is not None
+            and not task.barriers_on
             and not task.backstop_locked
             and task.task_id not in self._locking
             and task.task_id not in self._failed

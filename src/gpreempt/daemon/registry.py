@@ -64,6 +64,15 @@ class Task:
     backstop_locked: bool = False
     #: GPU time (ms) its gate may keep in flight, as last written to its control blocks.
     window_share_ms: float | None = None
+    #: Daemon time it was last seen wanting the GPU (None: never).
+    last_active: float | None = None
+    #: Its gate may sleep, as last written to its control blocks (policy/sleep.py).
+    sleep_ok: bool = False
+
+    @property
+    def barriers_on(self) -> bool:
+        """Whether its gate puts stream barriers: the GPU holds its queued work by itself."""
+        return any(c.barriers_on for c in self.controls.values())
 
     @property
     def active(self) -> bool:
@@ -98,8 +107,14 @@ class Task:
         control = next(iter(self.controls.values()), None)
         return Target(pid=self.pid, pgid=self.pgid, control=control)
 
-    def view(self) -> TaskView:
+    def view(self, now: float | None = None) -> TaskView:
         """The task for the policy, with its activity as the daemon last observed it."""
+        if self.was_active:
+            idle_s = 0.0
+        elif self.last_active is None or now is None:
+            idle_s = float("inf")
+        else:
+            idle_s = max(0.0, now - self.last_active)
         return TaskView(
             task_id=self.task_id,
             priority=self.priority,
@@ -111,6 +126,7 @@ class Task:
             min_share=self.min_share,
             run_seconds=self.run_seconds,
             gated=self.gated,
+            idle_s=idle_s,
         )
 
     def describe(self, now: float) -> dict[str, Any]:

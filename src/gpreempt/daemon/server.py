@@ -39,6 +39,7 @@ from ..mechanisms.base import Target
 from ..policy import Decision, Policy, Snapshot, get_policy
 from ..policy.hpf import decide_hpf
 from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
+from ..policy.sleep import DEFAULT_SLEEP_AFTER_S, sleepers
 from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import waited_for, watch_lists
 from ..priority import parse_priority
@@ -99,6 +100,7 @@ class Daemon:
         watch: bool = True,
         watch_resume: bool = True,
         turn_ms: float = DEFAULT_TURN_MS,
+        sleep_after_s: float = DEFAULT_SLEEP_AFTER_S,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
@@ -116,6 +118,8 @@ class Daemon:
         self.lock_timeout_ms = lock_timeout_ms
         self.inflight_budget_ms = inflight_budget_ms
         self.backstop_ms = backstop_ms
+        #: Gates sleep once every more important task on their GPU was idle this long.
+        self.sleep_after_s = sleep_after_s
         #: Gates watch the activity of the tasks that outrank them (hpf only; policy/watch.py).
         self.watch = watch and policy == "hpf"
         #: A gate closed only for watched tasks goes on by itself once they are idle.
@@ -475,6 +479,7 @@ class Daemon:
         if task.suspended and task.suspended_with == "gate":
             control.set_gate(True)
         control.set_window_share(task.window_share_ms)
+        control.set_sleep_ok(task.sleep_ok)
         self.reconcile()
         return {
             "task_id": task.task_id,
@@ -578,7 +583,7 @@ class Daemon:
                 task.run_seconds += elapsed
 
     def snapshot(self, now: float) -> Snapshot:
-        return Snapshot(now=now, tasks=tuple(t.view() for t in self.registry.tasks.values()))
+        return Snapshot(now=now, tasks=tuple(t.view(now) for t in self.registry.tasks.values()))
 
     def reconcile(self) -> None:
         """Ask the policy, then suspend and resume whatever differs from its answer."""
@@ -588,6 +593,8 @@ class Daemon:
             self._account(now)
             for task in self.registry.tasks.values():
                 active = task.active
+                if active or task.was_active:
+                    task.last_active = now
                 if active != task.was_active:
                     task.was_active = active
                     self.events.write(
@@ -617,10 +624,11 @@ class Daemon:
                 self._persist()
                 self._publish_states()
         self._share_inflight_budget(snapshot)
+        sleep_due = self._let_gates_sleep(snapshot)
         self._update_watches(snapshot)
         self._close_while_watched(snapshot, decision)
         self.backstop.apply(now)
-        due = [t for t in (decision.wake_at, self.backstop.next_due()) if t is not None]
+        due = [t for t in (decision.wake_at, self.backstop.next_due(), sleep_due) if t is not None]
         self.wake_at = min(due) if due else None
         if self.memory.needed():
             self.memory.enforce_reserves()
@@ -634,6 +642,21 @@ class Daemon:
                 task.window_share_ms = share
                 for control in task.controls.values():
                     control.set_window_share(share)
+
+    def _let_gates_sleep(self, snapshot: Snapshot) -> float | None:
+        """Tell each gate whether it may sleep (changes only; hpf only, policy/sleep.py);
+        returns when another may."""
+        if self.policy_name == "hpf":
+            allowed, due = sleepers(snapshot, self.sleep_after_s)
+        else:
+            allowed, due = frozenset(), None
+        for task in self.registry.tasks.values():
+            ok = task.task_id in allowed
+            if ok != task.sleep_ok:
+                task.sleep_ok = ok
+                for control in task.controls.values():
+                    control.set_sleep_ok(ok)
+        return due
 
     def _update_watches(self, snapshot: Snapshot | None = None, force: bool = False) -> None:
         """Send each gated connection the control blocks of the tasks that outrank it, when

@@ -31,6 +31,8 @@ class TaskView:
     run_seconds: float = 0.0
     #: An in-process gate bounds what the task keeps queued (mechanism gate or auto).
     gated: bool = False
+    #: Seconds since the task last wanted the GPU (0 while it does; inf if it never did).
+    idle_s: float = float("inf")
 
 
 @dataclass(frozen=True)

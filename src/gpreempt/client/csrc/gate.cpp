@@ -26,6 +26,10 @@
 //     process's queued work at the next barrier the moment a watched task becomes active, and
 //     goes on the moment it ends, with no CPU in between; the CPU no longer stops for a watched
 //     task and keeps launching ahead, up to the open window.
+//   * asleep: while the daemon says that nobody more important on the GPU has been active for a
+//     while (sleep_ok), the gate is closed by no one and no watched task is active, a bound
+//     gate disables its callback, so that operators cost nothing at all; a thread wakes it
+//     (re-enables the callback) the moment that changes.
 //
 // Device work goes through c10's device-generic DeviceGuardImplInterface (CUDA and ROCm builds
 // register theirs under DeviceType::CUDA), so this file needs no CUDA headers and builds
@@ -93,6 +97,13 @@ constexpr size_t kOffWindow = 40;
 constexpr size_t kOffInstalled = 44;
 constexpr size_t kOffHinted = 48;
 constexpr size_t kOffWindowShareUs = 52;
+constexpr size_t kOffSleepOk = 56;
+constexpr size_t kOffBarriersOn = 60;
+
+// How often the sleep thread looks at the words: often while asleep (the first operator after
+// a more important task starts runs unbounded until then), rarely while awake.
+constexpr int64_t kAsleepPollNs = 200 * 1000;
+constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
 
 // The control blocks of the tasks that outrank this one, mapped read-only (set by the session
 // from the daemon's watch list). A list is never changed once published.
@@ -293,6 +304,10 @@ struct GateState {
   uint64_t barrier_ns = 0;
   std::atomic<uint64_t> next_barrier_work{std::numeric_limits<uint64_t>::max()};
   std::atomic<uint64_t> barriers_put{0};
+  // asleep: the operator callback is disabled (bound gates only; see sleep_loop)
+  std::atomic<bool> asleep{false};
+  std::atomic<uint64_t> sleeps{0};
+  std::thread sleeper;
 
   std::mutex mu;  // guards everything below, and all event calls
   std::deque<Pending> fifo;
@@ -1021,6 +1036,7 @@ void put_barrier(GateState* g, uint64_t work) {
     g->barriers_put.fetch_add(1, std::memory_order_relaxed);
   } catch (const std::exception& e) {
     g->barriers.store(false);
+    store32(g->ctl, kOffBarriersOn, 0);
     g->next_barrier_work.store(std::numeric_limits<uint64_t>::max());
     g->error = std::string("barrier: ") + e.what();  // events still work: not failed
   }
@@ -1173,6 +1189,46 @@ void activity_loop(GateState* g) {
   }
 }
 
+// --- asleep while nobody can preempt this task ---------------------------------------------------
+// A global operator callback costs a CPU-bound trainer several percent of its speed, even when
+// it does nothing. A bound gate needs it only while a more important task on its GPU may start:
+// the daemon says when none has been active for a while (sleep_ok, with nobody below this task
+// and no peer taking turns with it), and then, as long as nobody closes the gate and no watched
+// task is active, the callback is disabled. It comes back the moment any of that changes; the
+// first launch after waking puts a stream barrier. What the process queued while asleep is not
+// bounded: that is the price of the first request after a long idle time.
+bool may_sleep(GateState* g) {
+  return load32(g->ctl, kOffSleepOk) != 0 && load32(g->ctl, kOffGateClosed) == 0 &&
+         !watched_active(g->watch.load(std::memory_order_acquire)) &&
+         g->captures.load(std::memory_order_relaxed) == 0 &&
+         !g_task_gates.load(std::memory_order_relaxed);
+}
+
+void sleep_loop(GateState* g, at::CallbackHandle handle) {
+  while (!g->uninstalled.load()) {
+    const bool asleep = g->asleep.load();
+    sleep_ns(asleep ? kAsleepPollNs : kAwakePollNs);
+    if (g->uninstalled.load()) {
+      break;
+    }
+    const bool can = may_sleep(g);
+    if (asleep && !can) {
+      if (g->barriers.load()) {
+        g->next_barrier_work.store(g->work_ns.load());  // a barrier at the first launch
+      }
+      at::reenableCallback(handle);
+      g->asleep.store(false);
+    } else if (!asleep && can) {
+      at::disableCallback(handle);
+      g->asleep.store(true);
+      g->sleeps.fetch_add(1);
+    }
+  }
+  if (g->asleep.exchange(false)) {
+    at::reenableCallback(handle);
+  }
+}
+
 // --- fork safety --------------------------------------------------------------------------------
 void after_fork_in_child() {
   // A forked child (a DataLoader worker) has neither the parent's CUDA context nor its
@@ -1230,6 +1286,9 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
                                        .needsIds(false)
                                        .scopes({at::RecordScope::FUNCTION}));
   store32(g->ctl, kOffInstalled, 1);
+  if (bound) {
+    g->sleeper = std::thread(sleep_loop, g, g_handle);
+  }
 }
 
 void uninstall() {
@@ -1237,12 +1296,16 @@ void uninstall() {
   if (g == nullptr) {
     return;
   }
+  g->uninstalled.store(true);
+  if (g->sleeper.joinable() && !g_in_child.load()) {
+    g->sleeper.join();  // it re-enables the callback if it had disabled it
+  }
   if (g_handle != 0) {
     at::removeCallback(g_handle);
     g_handle = 0;
   }
-  g->uninstalled.store(true);
   store32(g->ctl, kOffInstalled, 0);
+  store32(g->ctl, kOffBarriersOn, 0);
   if (g_in_child.load()) {
     return;  // the parent's thread and events do not exist here
   }
@@ -1338,6 +1401,8 @@ py::dict stats() {
   d["captures"] = g->captures.load();
   d["barriers"] = g->barriers.load();
   d["barriers_put"] = g->barriers_put.load();
+  d["asleep"] = g->asleep.load();
+  d["sleeps"] = g->sleeps.load();
   const WatchList* list = g->watch.load(std::memory_order_acquire);
   d["watched"] = list != nullptr ? list->n : 0;
   d["watch_version"] = list != nullptr ? list->version : 0;
@@ -1419,6 +1484,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     std::lock_guard<std::mutex> lock(g->mu);
     g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
     g->barriers.store(on);
+    store32(g->ctl, kOffBarriersOn, on ? 1u : 0u);  // the daemon's backstop leaves it alone then
     g->next_barrier_work.store(on ? g->work_ns.load() : std::numeric_limits<uint64_t>::max());
     return on;
   });

@@ -1,0 +1,110 @@
+"""The native gate sleeps (its operator hook off) while the daemon allows it, and wakes the
+moment the daemon withdraws that, closes the gate or a watched task becomes active."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpreempt.client import gate as gate_mod  # noqa: E402
+from gpreempt.client.gate import install_gate  # noqa: E402
+from gpreempt.client.gate_build import NativeGateUnavailable, load_native  # noqa: E402
+from gpreempt.control import ControlBlock  # noqa: E402
+
+
+@pytest.fixture
+def control():
+    try:
+        load_native()
+    except NativeGateUnavailable as exc:
+        pytest.skip(f"native gate unavailable: {exc}")
+    block = ControlBlock.create()
+    yield block
+    current = gate_mod.current_gate()
+    if current is not None:
+        current.uninstall()
+    block.close()
+
+
+def _until(predicate, timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.001)
+    return predicate()
+
+
+def _launches_seen(gate, x) -> int:
+    before = gate.stats()["launches"]
+    for _ in range(20):
+        x = x + 1
+    return gate.stats()["launches"] - before
+
+
+def test_a_bound_gate_sleeps_only_while_the_daemon_allows_it(control):
+    gate = install_gate(control, bound=True, auto_activity=False)
+    x = torch.ones(4)
+    time.sleep(0.05)
+    assert not gate.stats()["asleep"]  # never without the daemon's word
+    assert _launches_seen(gate, x) >= 20
+
+    control.set_sleep_ok(True)
+    assert _until(lambda: gate.stats()["asleep"])
+    assert _launches_seen(gate, x) == 0  # the hook is off: operators are not seen
+
+    control.set_sleep_ok(False)
+    assert _until(lambda: not gate.stats()["asleep"], 0.5)
+    assert _launches_seen(gate, x) >= 20
+    assert gate.stats()["sleeps"] == 1
+
+
+def test_closing_the_gate_wakes_it_and_stops_the_next_operator(control):
+    gate = install_gate(control, bound=True, auto_activity=False)
+    control.set_sleep_ok(True)
+    assert _until(lambda: gate.stats()["asleep"])
+    control.set_gate(True)
+    assert _until(lambda: not gate.stats()["asleep"], 0.5)
+    opener = gate_mod.threading.Timer(0.3, lambda: control.set_gate(False))
+    opener.start()
+    began = time.monotonic()
+    y = torch.ones(4) + 1  # waits at the closed gate
+    waited = time.monotonic() - began
+    opener.join()
+    assert waited >= 0.25
+    assert torch.equal(y, torch.full((4,), 2.0))
+
+
+def test_a_watched_task_starting_wakes_it(control):
+    gate = install_gate(control, bound=True, auto_activity=False)
+    high = ControlBlock.create()
+    try:
+        gate.watch([high.address])
+        control.set_sleep_ok(True)
+        assert _until(lambda: gate.stats()["asleep"])
+        high.set_requests(1)
+        assert _until(lambda: not gate.stats()["asleep"], 0.5)
+        high.set_requests(0)
+        assert _until(lambda: gate.stats()["asleep"])  # idle again: back to sleep
+    finally:
+        gate.watch([])
+        high.close()
+
+
+def test_an_unbound_gate_never_sleeps_and_uninstall_restores_the_hook(control):
+    gate = install_gate(control, bound=False, auto_activity=True)
+    control.set_sleep_ok(True)
+    time.sleep(0.05)
+    assert not gate.stats()["asleep"]
+    gate.uninstall()
+    bound = install_gate(control, bound=True, auto_activity=False)
+    assert _until(lambda: bound.stats()["asleep"])
+    bound.uninstall()  # while asleep
+    again = install_gate(control, bound=True, auto_activity=False)
+    assert _until(lambda: again.stats()["asleep"])
+    control.set_sleep_ok(False)
+    assert _until(lambda: not again.stats()["asleep"], 0.5)
+    assert _launches_seen(again, torch.ones(4)) >= 20

@@ -1,0 +1,74 @@
+"""With a real daemon: a gated trainer's gate sleeps while nobody more important was active
+lately, and a request still stops it at once (CPU tensors, native gate)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+
+pytest.importorskip("torch")
+
+#: A high-priority client that holds one request for 1.5 s once told to, then stays idle.
+SERVER = """
+import sys, time, pathlib
+import gpreempt
+gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
+go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.01)
+with gpreempt.request():
+    inside.touch()
+    time.sleep(1.5)
+inside.unlink()
+time.sleep(60)
+"""
+
+
+def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: Path) -> None:
+    from gpreempt.client.gate_build import NativeGateUnavailable, load_native
+
+    try:
+        load_native()
+    except NativeGateUnavailable as exc:
+        pytest.skip(f"native gate unavailable: {exc}")
+    daemon = Daemon(runtime_dir, "--sleep-after-s", "0.3")
+    script = tmp_path / "torch_counter.py"
+    script.write_text(TORCH_COUNTER)
+    progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
+    server_script = tmp_path / "server.py"
+    server_script.write_text(SERVER)
+    trainer = spawn(runtime_dir, "run", "-p", "low", "--name", "trainer", "--",
+                    sys.executable, str(script), str(progress))  # fmt: skip
+    server = spawn(runtime_dir, "run", "-p", "high", "--name", "srv", "--",
+                   sys.executable, str(server_script), str(runtime_dir), str(go), str(inside))  # fmt: skip
+    counter = Counter(progress)
+
+    def launches() -> int:
+        reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+        task = next(t for t in reply["tasks"] if t["name"] == "trainer")
+        return (task.get("gate") or {}).get("launches", 0)
+
+    try:
+        assert wait_for(lambda: counter.value() > 0 and launches() > 0, 120)
+        # the server never ran: the gate sleeps, operators run unseen
+        def asleep() -> bool:
+            before, progressed = launches(), counter.value()
+            time.sleep(0.3)
+            return launches() == before and counter.value() > progressed
+
+        assert wait_for(asleep, 20, interval=0.1), "the trainer's gate never slept"
+        go.touch()
+        assert wait_for(inside.exists, 20)
+        time.sleep(0.2)
+        assert counter.progress_over(0.5) == 0, "a sleeping gate let the trainer run on"
+        assert wait_for(lambda: not inside.exists(), 10)
+        assert wait_for(lambda: counter.progress_over(0.2) > 0, 10)
+        assert wait_for(asleep, 20, interval=0.1), "the gate did not sleep again"
+    finally:
+        stop_all(trainer, server)
+        daemon.stop()

@@ -1,0 +1,58 @@
+"""policy/sleep.py: which gates may turn their operator hook off, and when the next one may."""
+
+from __future__ import annotations
+
+import math
+
+from conftest import task_view as view
+
+from gpreempt.policy import Snapshot
+from gpreempt.policy.sleep import sleepers
+
+
+def trainer(task_id: int = 1, **fields):
+    return view(task_id, -100, gated=True, active=True, **fields)
+
+
+def server(task_id: int = 2, idle_s: float = math.inf, **fields):
+    return view(task_id, 100, active=idle_s == 0, idle_s=idle_s, **fields)
+
+
+def test_a_lone_trainer_sleeps() -> None:
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(),))) == ({1}, None)
+
+
+def test_a_server_that_never_ran_lets_it_sleep_at_once() -> None:
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), server()))) == ({1}, None)
+
+
+def test_an_active_or_recently_active_server_keeps_it_awake() -> None:
+    assert sleepers(Snapshot(now=10.0, tasks=(trainer(), server(idle_s=0)))) == (set(), None)
+    allowed, due = sleepers(Snapshot(now=10.0, tasks=(trainer(), server(idle_s=0.5))), 2.0)
+    assert allowed == set()
+    assert due == 11.5  # once the server has been idle 2 s
+    allowed, due = sleepers(Snapshot(now=10.0, tasks=(trainer(), server(idle_s=2.0))), 2.0)
+    assert (allowed, due) == ({1}, None)
+
+
+def test_someone_who_needs_its_activity_keeps_it_awake() -> None:
+    below = view(3, -200, active=True)
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), below)))[0] == set()
+    peer = trainer(4)  # peers in turns pass the turn on when the holder goes idle
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), peer)))[0] == set()
+    ungated_peer = view(5, -100, active=True)
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), ungated_peer)))[0] == {1}
+
+
+def test_other_gpus_do_not_count_and_multi_gpu_tasks_need_every_gpu_quiet() -> None:
+    elsewhere = server(idle_s=0, gpus=(1,))
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), elsewhere)))[0] == {1}
+    spanning = trainer(gpus=(0, 1))
+    assert sleepers(Snapshot(now=0.0, tasks=(spanning, elsewhere)))[0] == set()
+
+
+def test_ungated_suspended_or_held_tasks_and_a_zero_delay_never_sleep() -> None:
+    assert sleepers(Snapshot(now=0.0, tasks=(view(1, -100),)))[0] == set()
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(suspended=True),)))[0] == set()
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(held=True),)))[0] == set()
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(),)), after_s=0) == (set(), None)
