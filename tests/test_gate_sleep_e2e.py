@@ -42,10 +42,10 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
     progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
     server_script = tmp_path / "server.py"
     server_script.write_text(SERVER)
-    trainer = spawn(runtime_dir, "run", "-p", "low", "--name", "trainer", "--",
-                    sys.executable, str(script), str(progress))  # fmt: skip
-    server = spawn(runtime_dir, "run", "-p", "high", "--name", "srv", "--",
-                   sys.executable, str(server_script), str(runtime_dir), str(go), str(inside))  # fmt: skip
+    low = ("run", "-p", "low", "--name", "trainer", "--", sys.executable, str(script))
+    trainer = spawn(runtime_dir, *low, str(progress))
+    high = ("run", "-p", "high", "--name", "srv", "--", sys.executable, str(server_script))
+    server = spawn(runtime_dir, *high, str(runtime_dir), str(go), str(inside))
     counter = Counter(progress)
 
     def launches() -> int:
@@ -55,6 +55,7 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
 
     try:
         assert wait_for(lambda: counter.value() > 0 and launches() > 0, 120)
+
         # the server never ran: the gate sleeps, operators run unseen
         def asleep() -> bool:
             before, progressed = launches(), counter.value()
