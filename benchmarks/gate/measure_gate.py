@@ -50,7 +50,10 @@ def percentile(values: list[float], q: float) -> float:
 class Trainer:
     """The Case-B workload of DESIGN.md section 1."""
 
-    def __init__(self, layers: int, d: int = 1024, batch: int = 16, seq: int = 512) -> None:
+    def __init__(
+        self, layers: int, d: int = 1024, batch: int = 16, seq: int = 512, sync: bool = False
+    ) -> None:
+        self.sync = sync  # read the loss every step, as loops that log it do
         torch.manual_seed(0)
         layer = torch.nn.TransformerEncoderLayer(
             d, 16, 4 * d, dropout=0.0, batch_first=True, device="cuda"
@@ -63,8 +66,11 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = self.model(self.x)
-        out.float().pow(2).mean().backward()
+        loss = out.float().pow(2).mean()
+        loss.backward()
         self.opt.step()
+        if self.sync:
+            loss.item()
 
     def rate(self, steps: int, warmup: int = 3) -> float:
         for _ in range(warmup):
@@ -98,7 +104,20 @@ OVERHEAD_CONFIGS: dict[str, dict | None] = {
         "barrier_ms": RUN_BARRIER_MS,
         "share_ms": 1.0,
     },
+    # what `gpreempt run --priority low` gets with a more important task registered: barriers
+    # while that task was active in the last 2 s (as barriers_idle_server), and the gate asleep
+    # (its operator hook off) once it has been idle longer (the daemon's sleep_ok)
+    "defaults_idle_server": {
+        "bound": True,
+        "auto_activity": True,
+        "barrier_ms": RUN_BARRIER_MS,
+        "share_ms": 1.0,
+        "sleep_ok": True,
+    },
 }
+
+#: The configurations of ``--phases overhead-defaults``: what the defaults cost a trainer.
+DEFAULTS_CONFIGS = ("none", "barriers_alone", "barriers_idle_server", "defaults_idle_server")
 
 HEAVY_CONFIGS = (
     "none",
@@ -120,7 +139,12 @@ def measure_overhead(
         for name in names:
             kwargs = dict(OVERHEAD_CONFIGS[name] or {})
             control.set_window_share(kwargs.pop("share_ms", None))
+            control.set_sleep_ok(kwargs.pop("sleep_ok", False))
             gate = install_gate(control, **kwargs) if OVERHEAD_CONFIGS[name] else None
+            if gate is not None and control.sleep_ok:
+                deadline = time.monotonic() + 1.0
+                while not gate.stats().get("asleep") and time.monotonic() < deadline:
+                    time.sleep(0.001)
             try:
                 rates[name].append(trainer.rate(steps, warmup=2))
                 if gate is not None:
@@ -131,6 +155,7 @@ def measure_overhead(
                 if gate is not None:
                     gate.uninstall()
                 control.set_window_share(None)
+                control.set_sleep_ok(False)
     paired = {
         name: [r / b for r, b in zip(rates[name], rates["none"], strict=True)] for name in names
     }
@@ -327,6 +352,12 @@ def main() -> int:
     parser.add_argument("--heavy-steps", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--per-block", type=int, default=50)
+    parser.add_argument(
+        "--phases",
+        help="comma-separated phases to run (default all): overhead, drain, overhead_heavy, "
+        "drain_heavy, activity, identical, overhead_defaults, overhead_defaults_sync, "
+        "overhead_defaults_heavy",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -354,6 +385,13 @@ def main() -> int:
     trainer = Trainer(args.layers)
     trainer.rate(5)
     heavy: list[Trainer] = []
+    syncing: list[Trainer] = []
+
+    def sync_trainer() -> Trainer:
+        if not syncing:
+            syncing.append(Trainer(args.layers, sync=True))
+            syncing[0].rate(3)
+        return syncing[0]
 
     def heavy_trainer() -> Trainer:
         if not heavy:
@@ -377,7 +415,29 @@ def main() -> int:
         ("drain_heavy", lambda: measure_drain(heavy_trainer(), control, args.closures)),
         ("activity", lambda: measure_activity(control, args.blocks, args.per_block)),
         ("identical", lambda: measure_identical(control, 30)),
+        (
+            "overhead_defaults",
+            lambda: measure_overhead(trainer, control, args.rounds, args.steps, DEFAULTS_CONFIGS),
+        ),
+        (
+            "overhead_defaults_sync",
+            lambda: measure_overhead(
+                sync_trainer(), control, args.rounds, args.steps, DEFAULTS_CONFIGS
+            ),
+        ),
+        (
+            "overhead_defaults_heavy",
+            lambda: measure_overhead(
+                heavy_trainer(), control, args.heavy_rounds, args.heavy_steps, DEFAULTS_CONFIGS
+            ),
+        ),
     ]
+    if args.phases:
+        wanted = {p.strip() for p in args.phases.split(",")}
+        unknown = wanted - {name for name, _run in phases}
+        if unknown:
+            parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+        phases = [(name, run) for name, run in phases if name in wanted]
     for name, run in phases:
         t0 = time.perf_counter()
         try:
@@ -393,7 +453,13 @@ def main() -> int:
     save()
 
     print(f"device {result['device']} torch {result['torch']} build/load {build_s:.1f}s")
-    for phase in ("overhead", "overhead_heavy"):
+    for phase in (
+        "overhead",
+        "overhead_heavy",
+        "overhead_defaults",
+        "overhead_defaults_sync",
+        "overhead_defaults_heavy",
+    ):
         overhead = result.get(phase, {})
         if "error" in overhead:
             print(f"  {phase}: {overhead['error']}")

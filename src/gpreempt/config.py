@@ -27,7 +27,13 @@ EVENTS_NAME = "events.jsonl"
 STATE_NAME = "suspended.json"
 DAEMON_LOG_NAME = "daemon.log"
 
-DEFAULT_IDLE_GRACE_MS = 2.0
+#: Grace of the tasks that preempt others (``high``): short, because stream barriers and the
+#: watch stop the trainers again at the server's next launch, and every millisecond of grace
+#: holds them after each request of a server that never calls ``request()``.
+DEFAULT_IDLE_GRACE_MS = 0.2
+#: Grace of the tasks that may be preempted: long enough that a training loop's gap between
+#: steps (reading its loss) does not count as idle.
+DEFAULT_BOUND_IDLE_GRACE_MS = 2.0
 DEFAULT_REQUEST_LINGER_MS = 0.05
 
 
@@ -113,9 +119,11 @@ def _env_ms(name: str, default: float) -> float:
     return default if value is None else value
 
 
-def idle_grace_ms() -> float:
-    """Grace after GPU work completes before a task counts as idle (``$GPREEMPT_IDLE_GRACE_MS``)."""
-    return _env_ms(ENV_GRACE_MS, DEFAULT_IDLE_GRACE_MS)
+def idle_grace_ms(bound: bool = False) -> float:
+    """Grace after GPU work completes before a task counts as idle (``$GPREEMPT_IDLE_GRACE_MS``;
+    by default short for tasks that preempt others, longer for ``bound`` ones)."""
+    default = DEFAULT_BOUND_IDLE_GRACE_MS if bound else DEFAULT_IDLE_GRACE_MS
+    return _env_ms(ENV_GRACE_MS, default)
 
 
 def request_linger_ms() -> float:

@@ -50,11 +50,12 @@ def install_gate_for(current: session.Session) -> Any:
         barrier_ms = None  # the environment's
     else:
         barrier_ms = RUN_BARRIER_MS
+    bound = _flag(ENV_GATE_BOUND, current.priority < NAMED["high"])
     gate = install_gate(
         current.control,
-        bound=_flag(ENV_GATE_BOUND, current.priority < NAMED["high"]),
+        bound=bound,
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
-        idle_grace_ms=idle_grace_ms(),
+        idle_grace_ms=idle_grace_ms(bound),
         barrier_ms=barrier_ms,
     )
     current.use_gate(gate)

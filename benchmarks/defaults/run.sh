@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The defaults' cells (gpreempt run --priority low|high, nothing else set), on GPU 0.
+#   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
+# Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
+# task registered but idle), light, light3, heavy3, cupy, compiled, eager, sweep, grace.
+# Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats (1 for
+# grace and sweep). Each cell's results.json/report.md go to $OUT/<cell>/; a table is printed.
+set -u
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
+unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
+: "${OUT:?set OUT to an output directory}"
+: "${REPEATS:=3}"
+work=/tmp/gpreempt-defaults
+mkdir -p "$work" "$OUT"
+python3 -m gpreempt.client.gate_build 2>&1 | tail -1
+cell() {  # name, timeout s, bench options...
+  local name=$1 limit=$2; shift 2
+  rm -rf "$work/$name"
+  timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests 1000 "$@" \
+    --out "$work/$name" > "$work/$name.log" 2>&1
+  echo "$name rc=$?"
+  mkdir -p "$OUT/$name"
+  cp "$work/$name/results.json" "$work/$name/report.md" "$OUT/$name/" 2>/dev/null
+}
+for group in "$@"; do
+  case $group in
+    overhead)
+      timeout 300 python3 benchmarks/gate/measure_gate.py --out "$OUT/overhead" --rounds 4 \
+        --steps 30 --heavy-rounds 4 --heavy-steps 10 \
+        --phases overhead_defaults,overhead_defaults_sync,overhead_defaults_heavy \
+        > "$OUT/overhead.txt" 2>&1
+      echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt" ;;
+    light) cell light 420 --repeats "$REPEATS" --case-b transformer-sync \
+      --scenarios gpreempt,gpreempt-no-request ;;
+    light3) cell light3 480 --repeats "$REPEATS" --case-b transformer-sync --bg 3 \
+      --scenarios gpreempt,gpreempt-no-request ;;
+    heavy3) cell heavy3 480 --repeats "$REPEATS" --case-a heavy --bg 3 --scenarios gpreempt ;;
+    cupy) cell cupy 420 --repeats "$REPEATS" --case-b cupy --scenarios gpreempt,gpreempt-lock ;;
+    compiled) cell compiled 480 --repeats "$REPEATS" --case-b transformer-compiled \
+      --scenarios gpreempt,gpreempt-gate ;;
+    eager) cell eager 420 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
+      --scenarios gpreempt ;;
+    sweep) for load in 0.2 0.8; do
+        cell "load-$load" 300 --repeats "${SWEEP_REPEATS:-1}" --load "$load" \
+          --case-b transformer-sync --scenarios gpreempt
+      done ;;
+    grace) for grace in 0 1 2; do
+        GPREEMPT_IDLE_GRACE_MS=$grace cell "grace-$grace" 300 --repeats 1 \
+          --case-b transformer-sync --scenarios gpreempt-no-request
+      done ;;
+    *) echo "unknown group $group"; exit 2 ;;
+  esac
+done
+tar czf "$OUT/logs.tgz" -C "$work" --exclude='*.png' --exclude='latency_cdf*' --exclude='runs' . 2>/dev/null
+python3 benchmarks/defaults/table.py "$OUT"/*/ 2>&1 | grep -v "no results.json"
