@@ -75,7 +75,7 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
     saved = json.loads((out / "results.json").read_text())
     assert saved["params"]["requests"] == 80 and saved["params"]["bg"] == 1
     assert set(saved["device"]) == {"name", "driver", "cuda", "torch"}
-    assert list(saved["scenarios"]) == scenarios
+    assert list(saved["scenarios"]) == [*scenarios, "a-alone-after"]
     for name, row in saved["scenarios"].items():
         assert row["valid"], (name, row.get("invalid_reason"))
         assert set(row) >= {
