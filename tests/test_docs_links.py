@@ -1,8 +1,9 @@
 """The README and the docs point only at files the repository has.
 
-A relative Markdown link must lead to a file or folder, and a `benchmarks/...` path in
-backticks (a figure's script or result file) must exist, unless its paragraph names the
-commit whose tree holds it (superseded runs left the tree; the docs cite them by commit).
+A relative Markdown link must lead to a file or folder (its `#anchor` to a heading there),
+and a `benchmarks/...` path in backticks (a figure's script or result file) must exist, unless
+its paragraph names the commit whose tree holds it (superseded runs left the tree; the docs
+cite them by commit).
 """
 
 from __future__ import annotations
@@ -27,14 +28,32 @@ def _pages() -> list[Path]:
     return pages
 
 
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    found = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
 def dead_links(page: Path, text: str) -> list[str]:
     """Relative links of `text` (the page at `page`) that lead nowhere."""
     dead = []
     for number, line in enumerate(text.splitlines(), 1):
         for match in LINK.finditer(line):
-            target = match.group(1).split("#")[0]
-            if target and "://" not in target and not (page.parent / target).exists():
+            target, _, anchor = match.group(1).partition("#")
+            if "://" in target or match.group(1).startswith("mailto:"):
+                continue
+            path = page.parent / target if target else page
+            if target and not path.exists():
                 dead.append(f"{page.name}:{number}: link to {target}")
+                continue
+            if not anchor or path.suffix != ".md":
+                continue
+            if anchor not in anchors(path.read_text() if target else text):
+                dead.append(f"{page.name}:{number}: no heading for #{anchor} in {path.name}")
     return dead
 
 
@@ -59,6 +78,10 @@ def test_links_and_cited_files_exist(page: Path) -> None:
 
 def test_the_checks_catch_a_removed_file(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Title\n\n## The gate's cells (`x/`)\n")
+    good = "[a](other.md#the-gates-cells-x) [b](other.md#title) [c](#top)\n\n# Top\n"
+    assert dead_links(page, good) == []
+    assert dead_links(page, "[a](other.md#gone)") == ["page.md:1: no heading for #gone in other.md"]
     text = (
         "See [the gate](gone.md) and `benchmarks/gone/run1/results.json`.\n\n"
         f"Superseded: `benchmarks/gone/run2/` in the tree of `{HISTORY_COMMIT}`.\n"
