@@ -48,7 +48,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Trainer:
-    """The Case-B workload of DESIGN.md section 1."""
+    """The Case-B workload of docs/bench.md (8-layer Transformer encoder training)."""
 
     def __init__(
         self, layers: int, d: int = 1024, batch: int = 16, seq: int = 512, sync: bool = False
