@@ -64,6 +64,9 @@ class Task:
     backstop_locked: bool = False
     #: GPU time (ms) its gate may keep in flight, as last written to its control blocks.
     window_share_ms: float | None = None
+    #: Why the policy's last suspension of it failed, while the policy still wants it
+    #: suspended (state ``unprotected``); None otherwise.
+    suspend_error: str | None = None
 
     @property
     def active(self) -> bool:
@@ -81,9 +84,11 @@ class Task:
     def state(self) -> str:
         if self.evicted:
             return "evicted"
-        if self.held:
-            return "held"
-        return "suspended" if self.suspended else "running"
+        if self.suspended:
+            return "held" if self.held else "suspended"
+        if self.suspend_error is not None:
+            return "unprotected"
+        return "held" if self.held else "running"
 
     @property
     def gpu(self) -> int:
@@ -139,6 +144,7 @@ class Task:
             "gpus": list(self.gpus),
             "mechanism": self.mechanism,
             "state": self.state,
+            "suspend_error": self.suspend_error,
             "waiting_turn": self.waiting_turn,
             "active": self.active,
             "always_active": self.always_active,
