@@ -42,7 +42,7 @@ from ..policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
 from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import waited_for, watch_lists
 from ..priority import parse_priority
-from ..procinfo import alive, is_descendant, read_process
+from ..procinfo import alive, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import MAX_FDS, OPS, Connection, Message, error_reply
 from . import persist
 from .backstop import DEFAULT_DELAY_MS, Backstop
@@ -404,7 +404,7 @@ class Daemon:
             )
 
     def _op_register(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        pid = int(message["pid"])
+        pid = pid_seen_by_peer(int(message["pid"]), peer.pid)  # a container names its own
         info = read_process(pid)
         self._check_owner(peer, info.uid, f"process {pid}")
         if os.getuid() != 0 and info.uid != os.getuid():
