@@ -77,6 +77,8 @@ def container(image: str, shared: Path, name: str, *args: str, user: str = "0:0"
     """podman run options for a container that mounts ``shared`` as /run/gpreempt."""
     return [
         "run", "--runtime", "runc", "--name", name, "--network", "none", "--user", user,
+        # podman's default limits are above what some hosts let a container set
+        "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
         "-v", f"{shared}:/run/gpreempt", "-e", "GPREEMPT_RUNTIME_DIR=/run/gpreempt",
         *args, image,
     ]  # fmt: skip
