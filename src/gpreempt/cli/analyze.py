@@ -304,9 +304,7 @@ def trace_wrapper_argv(command: list[str], out: str, duration: float, warmup: fl
         script = script[1:]
     if not script:
         raise UsageError("no script given after `--`")
-    if script[0] != "-m" and not Path(script[0]).is_file():
-        if script[0].endswith(".py"):
-            raise UsageError(f"no such script: {script[0]!r}")
+    if script[0] != "-m" and not script[0].endswith(".py") and not Path(script[0]).is_file():
         raise UsageError(
             f"{script[0]!r} is not a Python script; `analyze trace` runs Python workloads "
             "(`-- script.py ARGS` or `-- -m package.module ARGS`)"
@@ -326,14 +324,13 @@ def trace_wrapper_argv(command: list[str], out: str, duration: float, warmup: fl
 
 
 def _profile_command(command: list[str], args: argparse.Namespace) -> str:
-    if args.out is None:
-        argv = trace_wrapper_argv(command, "trace.json", args.duration, args.warmup)
-        scratch = tempfile.mkdtemp(prefix="gpreempt-trace-")
-        out = os.path.join(scratch, "trace.json")
-        argv[argv.index("trace.json")] = out
-    else:
-        scratch, out = None, args.out
-        argv = trace_wrapper_argv(command, out, args.duration, args.warmup)
+    argv = trace_wrapper_argv(command, args.out or "", args.duration, args.warmup)
+    script = argv[argv.index("--") + 1]
+    if script != "-m" and not Path(script).is_file():
+        raise UsageError(f"no such script: {script!r}")
+    scratch = None if args.out else tempfile.mkdtemp(prefix="gpreempt-trace-")
+    out = args.out or os.path.join(scratch, "trace.json")
+    argv[3] = out  # [python, -m, trace_wrapper, OUT, ...]
     print(f"profiling: {' '.join(command)}  (up to {args.duration:g} s)", file=sys.stderr)
     rc = subprocess.call(argv)
     if rc != 0 or not os.path.exists(out):
