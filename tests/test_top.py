@@ -98,7 +98,7 @@ def test_once_cli(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nvml, "open_nvml", lambda lib=None: NA("no NVIDIA driver here"))
     rc = main(["top", "--once", "--runtime-dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert rc == 0
+    assert rc == 1  # nothing answered: the same code as `status` and `events`
     assert "no daemon" in out and "NVML unavailable: no NVIDIA driver here" in out
 
 

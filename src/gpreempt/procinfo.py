@@ -89,3 +89,37 @@ def group_members(pgid: int) -> list[int]:
             except (NoSuchProcess, OSError, ValueError, IndexError):
                 continue
     return members
+
+
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def pid_seen_by_peer(pid: int, peer: int) -> int:
+    """The pid, in our PID namespace, of the process that ``peer`` (a pid in ours, as
+    SO_PEERCRED gives it) calls ``pid`` in its own namespace.
+
+    A client in a container (its own PID namespace) names processes by its pids; the daemon
+    (the host's namespace, hostPID on Kubernetes) must act on the same process under its
+    pid. The match is the process of the peer's namespace whose innermost pid (the last of
+    ``NSpid`` in /proc/PID/status) is ``pid``. Same namespace: ``pid`` itself.
+    """
+    theirs = _pid_namespace(peer)
+    if theirs is None or theirs == _pid_namespace("self"):
+        return pid
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or _pid_namespace(entry) != theirs:
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                for line in f.read().decode(errors="replace").splitlines():
+                    if line.startswith("NSpid:"):
+                        if int(line.split()[-1]) == pid:
+                            return int(entry)
+                        break
+        except (OSError, ValueError):
+            continue
+    raise NoSuchProcess(f"no process with pid {pid} in the caller's PID namespace")

@@ -1,8 +1,18 @@
 """The ``gpreempt`` command: one module per subcommand, each with ``register(subparsers)``.
 
-A subcommand's handler takes the parsed arguments and returns the exit code. Errors a user
-can fix (GpreemptError) are printed as one line and exit with code 2 for bad input, 1 for
-anything else; no traceback.
+A subcommand's handler takes the parsed arguments and returns the exit code. Every command
+follows one convention (``gpreempt run`` returns its command's code once that has started):
+
+====  =====================================================================================
+0     done
+1     could not be done: no daemon answers, no such task, permission denied, a mechanism
+      or the profiled command failed
+2     bad input: an unknown option, a bad port, size, pid, priority or setting
+130   interrupted (Ctrl-C) before it was done; ``--follow`` and live views exit 0 on Ctrl-C
+====  =====================================================================================
+
+Errors are printed as one line, ``gpreempt COMMAND: error: what was wrong; what to do``,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -11,8 +21,22 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..errors import GpreemptError, UsageError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit with :data:`EXIT_USAGE`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 #: Subcommand modules, in the order ``--help`` lists them.
 SUBCOMMANDS = (
@@ -31,18 +55,20 @@ SUBCOMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpreempt",
         description=(
             "Let latency-critical GPU work preempt best-effort GPU work on shared GPUs. "
             "Start jobs with `gpreempt run --priority high|low -- CMD`; a node daemon "
             "suspends the less important ones while a more important one uses the GPU."
         ),
+        epilog="exit codes: 0 done, 1 could not be done (no daemon, no such task, ...), "
+        "2 bad input; `run` returns its command's code",
     )
     from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"gpreempt {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
@@ -59,17 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    prog = getattr(args, "prog", None) or f"gpreempt {args.subcommand}"
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"gpreempt {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except GpreemptError as exc:
-        print(f"gpreempt {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
@@ -83,3 +110,25 @@ def add_runtime_dir(parser: argparse.ArgumentParser) -> None:
         help="daemon directory (default: $GPREEMPT_RUNTIME_DIR, else $XDG_RUNTIME_DIR/gpreempt, "
         "else /tmp/gpreempt-<uid>)",
     )
+
+
+def port_number(text: str) -> int:
+    """An argparse ``type`` for a TCP port: 1 to 65535, one clear line otherwise."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range: use 1-65535")
+    return port
+
+
+def process_id(text: str) -> int:
+    """An argparse ``type`` for a process id: a whole number of 1 or more."""
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a number)") from None
+    if pid < 1:
+        raise argparse.ArgumentTypeError(f"{pid} is not a process id: give a number of 1 or more")
+    return pid

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import GpreemptError, UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +48,7 @@ def register(subparsers: Any) -> None:
     amd.add_argument(
         "--no-progress", action="store_true", help="no progress bar even on a terminal"
     )
-    amd.set_defaults(func=run_amd_log)
+    amd.set_defaults(func=run_amd_log, prog=amd.prog)
 
     tr = sub.add_parser(
         "trace",
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
         metavar="-- CMD",
         help="a Python script and its arguments (`python` in front is optional; `-m mod` works)",
     )
-    tr.set_defaults(func=run_trace)
+    tr.set_defaults(func=run_trace, prog=tr.prog)
     parser.set_defaults(func=lambda args: _missing(parser))
 
 
@@ -323,14 +324,26 @@ def trace_wrapper_argv(command: list[str], out: str, duration: float, warmup: fl
 
 
 def _profile_command(command: list[str], args: argparse.Namespace) -> str:
-    out = args.out or os.path.join(tempfile.mkdtemp(prefix="gpreempt-trace-"), "trace.json")
-    argv = trace_wrapper_argv(command, out, args.duration, args.warmup)
+    argv = trace_wrapper_argv(command, args.out or "", args.duration, args.warmup)
+    script = argv[argv.index("--") + 1]
+    if script != "-m" and not Path(script).is_file():
+        raise UsageError(f"no such script: {script!r}")
+    scratch = None if args.out else tempfile.mkdtemp(prefix="gpreempt-trace-")
+    out = args.out or os.path.join(scratch, "trace.json")
+    argv[3] = out  # [python, -m, trace_wrapper, OUT, ...]
     print(f"profiling: {' '.join(command)}  (up to {args.duration:g} s)", file=sys.stderr)
     rc = subprocess.call(argv)
-    if not os.path.exists(out):
-        raise UsageError(
-            f"the profiled command wrote no trace (exit code {rc}); is torch installed and "
-            "does the script run on its own?"
+    if rc != 0 or not os.path.exists(out):
+        if scratch is not None:  # a trace of a failed run is not worth its space in /tmp
+            shutil.rmtree(scratch, ignore_errors=True)
+        if rc != 0:
+            raise GpreemptError(
+                f"the profiled command failed (exit code {rc}, its error is above); "
+                "nothing to analyse"
+            )
+        raise GpreemptError(
+            "the profiled command wrote no trace; is torch installed and does the script "
+            "run on its own?"
         )
     print(f"trace: {out}", file=sys.stderr)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..client.connection import DaemonClient
-from . import add_runtime_dir
+from . import add_runtime_dir, process_id
 from ._task_options import add_mechanism_option, add_task_options, task_fields
 
 
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: gpreempt attach --pid 4242 --priority low",
     )
     add_runtime_dir(parser)
-    parser.add_argument("--pid", type=int, required=True, help="process to register")
+    parser.add_argument("--pid", type=process_id, required=True, help="process to register")
     add_task_options(parser)
     add_mechanism_option(parser)
     parser.set_defaults(func=run)

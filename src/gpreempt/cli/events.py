@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..config import EVENTS_NAME, resolve_runtime_dir
-from ..errors import UsageError
+from ..errors import DaemonUnavailable, UsageError
 from . import add_runtime_dir
 
 
@@ -58,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if args.last < 0:
         raise UsageError("--last must be >= 0")
     if not path.exists() and not args.follow:
-        raise UsageError(f"no event log at {path}: has a daemon run with this runtime dir?")
+        raise DaemonUnavailable(
+            f"no event log at {path}: no daemon has run with this runtime directory; start "
+            "one with `gpreempt serve`, or give its --runtime-dir"
+        )
 
     def show(record: dict[str, Any]) -> None:
         print(json.dumps(record) if args.json else format_event(record), flush=True)

@@ -8,11 +8,12 @@ import sys
 
 from ..config import resolve_runtime_dir
 from ..errors import UsageError
-from . import add_runtime_dir
+from . import add_runtime_dir, port_number
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..daemon.backstop import DEFAULT_DELAY_MS
+    from ..daemon.metrics import DEFAULT_METRICS_ADDR, DEFAULT_METRICS_PORT
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
     from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
@@ -36,9 +37,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
+        nargs="?",
+        const=DEFAULT_METRICS_PORT,
         metavar="PORT",
-        help="serve Prometheus metrics on 127.0.0.1:PORT",
+        help="serve Prometheus metrics on PORT (alone: the default port "
+        f"{DEFAULT_METRICS_PORT}); off unless given",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default=DEFAULT_METRICS_ADDR,
+        metavar="ADDR",
+        help=f"address the metrics listen on (default {DEFAULT_METRICS_ADDR}: this machine "
+        "only; 0.0.0.0 or :: for a Prometheus elsewhere, which then sees task names)",
     )
     parser.add_argument(
         "--lock-timeout-ms",
@@ -125,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         shared=args.shared,
         metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
         lock_timeout_ms=args.lock_timeout_ms,
         inflight_budget_ms=args.inflight_budget_ms,
         backstop_ms=args.backstop_ms,

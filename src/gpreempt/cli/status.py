@@ -38,36 +38,46 @@ def state_label(task: dict[str, Any]) -> str:
     return str(task.get("state", "?")) + (" (turn)" if task.get("waiting_turn") else "")
 
 
-def print_status(reply: dict[str, Any]) -> None:
-    from rich.console import Console
+def print_status(reply: dict[str, Any], console: Any = None) -> None:
+    """The status as tables per GPU, fitted to the console's width (narrow terminals lose
+    the least important columns first), then one line per unprotected task with why."""
     from rich.markup import escape
-    from rich.table import Table
 
-    console = Console()
+    from ..monitor.textfmt import Column, fit_table, pid
+    from ..monitor.textfmt import console as make_console
+
+    console = console or make_console()
     daemon = reply["daemon"]
     console.print(
         f"daemon pid {daemon['pid']}, policy {daemon['policy']}"
         + (f" (peers take {daemon['turn_ms']:g} ms turns)" if daemon.get("turn_ms") else "")
-        + f", {daemon['runtime_dir']}"
+        + f", {escape(str(daemon['runtime_dir']))}"
         + ("" if daemon.get("lock_available") else "  (driver lock unavailable: signal/gate only)")
     )
     tasks = reply["tasks"]
     if not tasks:
         console.print("no tasks registered")
         return
+    evictions = any(t.get("evicted_bytes") for t in tasks)
+    turns = any(t.get("turns") for t in tasks)
+    columns = [
+        Column("pid", "right"),
+        Column("name"),
+        Column("priority", rank=2),
+        Column("state"),
+        Column("active", rank=4),
+        Column("mechanism", rank=5),
+        Column("preempted", "right", rank=3),
+        Column("suspended s", "right", rank=3),
+        Column("last ms", "right", rank=6),
+    ]
+    if turns:
+        columns.append(Column("turns waited", "right", rank=7))
+    if evictions:
+        columns.append(Column("on host GiB", "right", rank=6))
     gpus = sorted({g for t in tasks for g in t["gpus"]})
     for gpu in gpus:
-        table = Table(title=f"GPU {gpu}", title_justify="left")
-        for column in ("pid", "name", "priority", "state", "active", "mechanism"):
-            table.add_column(column)
-        evictions = any(t.get("evicted_bytes") for t in tasks)
-        turns = any(t.get("turns") for t in tasks)
-        for column in ("preemptions", "suspended s", "last suspend ms"):
-            table.add_column(column, justify="right")
-        if turns:
-            table.add_column("turns waited", justify="right")
-        if evictions:
-            table.add_column("on host GiB", justify="right")
+        rows = []
         for task in sorted(tasks, key=lambda t: -t["priority"]):
             if gpu not in task["gpus"]:
                 continue
@@ -79,16 +89,46 @@ def print_status(reply: dict[str, Any]) -> None:
             if evictions:
                 moved = task.get("evicted_bytes") or 0
                 extra.append(f"{moved / 2**30:.2f}" if task["state"] == "evicted" else "-")
-            table.add_row(
-                str(task["pid"]),
-                escape(task["name"]),
-                task["priority_name"],
-                state_label(task),
-                "yes" if task["active"] else "no",
-                mechanism,
-                str(task["preemptions"]),
-                f"{task['suspended_seconds']:.3f}",
-                "-" if last is None else f"{last:.3f}",
-                *extra,
+            rows.append(
+                [
+                    pid(task["pid"]),
+                    escape(task["name"]),
+                    task["priority_name"],
+                    styled_state(task),
+                    "yes" if task["active"] else "no",
+                    mechanism,
+                    str(task["preemptions"]),
+                    f"{task['suspended_seconds']:.3f}",
+                    "-" if last is None else f"{last:.3f}",
+                    *extra,
+                ]
             )
-        console.print(table)
+        console.print(fit_table(columns, rows, console.width, title=f"GPU {gpu}"))
+    for line in unprotected_lines(tasks):
+        console.print(line)
+
+
+def styled_state(task: dict[str, Any]) -> str:
+    """The state label as rich markup, coloured where it needs attention."""
+    state = str(task.get("state", "?"))
+    style = {
+        "suspended": "yellow",
+        "held": "magenta",
+        "evicted": "red",
+        "unprotected": "bold red",
+    }.get(state, "")
+    shown = state_label(task)
+    return f"[{style}]{shown}[/]" if style else shown
+
+
+def unprotected_lines(tasks: list[dict[str, Any]]) -> list[str]:
+    """One line (rich markup) per task the policy wants suspended and could not suspend."""
+    from rich.markup import escape
+
+    return [
+        f"[bold red]unprotected[/]: {escape(t['name'])} (pid {t['pid']}) keeps running beside "
+        f"more important tasks on GPU {','.join(map(str, t['gpus']))}: "
+        f"{escape(str(t.get('suspend_error')))}"
+        for t in tasks
+        if t.get("state") == "unprotected"
+    ]

@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ..config import ENV_AUTO_ACTIVITY, ENV_GATE, ENV_TASK_ID, idle_grace_ms
+from ..config import ENV_AUTO_ACTIVITY, ENV_GATE, ENV_TASK_ID, env_switch, idle_grace_ms
 from ..priority import NAMED
 from . import session
 
@@ -23,10 +23,7 @@ ENV_GATE_BOUND = "GPREEMPT_GATE_BOUND"
 
 
 def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
+    return default if (value := env_switch(name)) is None else value
 
 
 def install_gate_for(current: session.Session) -> Any:

@@ -91,7 +91,7 @@ def load_native(*, verbose: bool = False) -> ModuleType:
     if not built.exists():
         _check_toolchain()
         print(
-            f"gpreempt: building the launch gate extension in {build_dir} (once, about 30 s)",
+            f"gpreempt: building the launch gate extension in {build_dir} (once, 20-60 s)",
             file=sys.stderr,
             flush=True,
         )

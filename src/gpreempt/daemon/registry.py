@@ -68,6 +68,9 @@ class Task:
     last_active: float | None = None
     #: Its gate may sleep, as last written to its control blocks (policy/sleep.py).
     sleep_ok: bool = False
+    #: Why the policy's last suspension of it failed, while the policy still wants it
+    #: suspended (state ``unprotected``); None otherwise.
+    suspend_error: str | None = None
 
     @property
     def barriers_on(self) -> bool:
@@ -90,9 +93,11 @@ class Task:
     def state(self) -> str:
         if self.evicted:
             return "evicted"
-        if self.held:
-            return "held"
-        return "suspended" if self.suspended else "running"
+        if self.suspended:
+            return "held" if self.held else "suspended"
+        if self.suspend_error is not None:
+            return "unprotected"
+        return "held" if self.held else "running"
 
     @property
     def gpu(self) -> int:
@@ -155,6 +160,7 @@ class Task:
             "gpus": list(self.gpus),
             "mechanism": self.mechanism,
             "state": self.state,
+            "suspend_error": self.suspend_error,
             "waiting_turn": self.waiting_turn,
             "active": self.active,
             "always_active": self.always_active,

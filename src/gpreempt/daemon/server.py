@@ -43,7 +43,7 @@ from ..policy.sleep import DEFAULT_SLEEP_AFTER_S, sleepers
 from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import waited_for, watch_lists
 from ..priority import parse_priority
-from ..procinfo import alive, is_descendant, read_process
+from ..procinfo import alive, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import MAX_FDS, OPS, Connection, Message, error_reply
 from . import persist
 from .backstop import DEFAULT_DELAY_MS, Backstop
@@ -94,6 +94,7 @@ class Daemon:
         policy: str = "hpf",
         shared: bool = False,
         metrics_port: int | None = None,
+        metrics_addr: str = "127.0.0.1",
         lock_timeout_ms: int | None = None,
         inflight_budget_ms: float = DEFAULT_BUDGET_MS,
         backstop_ms: float = DEFAULT_DELAY_MS,
@@ -115,6 +116,7 @@ class Daemon:
             )
         self.shared = shared
         self.metrics_port = metrics_port
+        self.metrics_addr = metrics_addr
         self.lock_timeout_ms = lock_timeout_ms
         self.inflight_budget_ms = inflight_budget_ms
         self.backstop_ms = backstop_ms
@@ -170,6 +172,8 @@ class Daemon:
             ) from None
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        if self.metrics_port is not None:
+            self._start_metrics(lock_path)
 
         self.mechanisms = MechanismSet(self.lock_timeout_ms)
         from .memory import MemoryManager
@@ -207,13 +211,24 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
 
-        if self.metrics_port is not None:
-            from .metrics import DaemonMetrics
-
-            self.metrics = DaemonMetrics()
-            self.metrics.start_http(self.metrics_port)
         self.events.write("daemon-start", reason=f"policy {self.policy_name}", pid=os.getpid())
         self.log(f"serving {path} (policy {self.policy_name})")
+
+    def _start_metrics(self, lock_path: Path) -> None:
+        """Serve metrics, before anything else is created: a port that cannot be bound
+        leaves nothing behind (the lock is released and its file removed)."""
+        from .metrics import DaemonMetrics, gpu_uuids
+
+        try:
+            self.metrics = DaemonMetrics(gpu_uuids=gpu_uuids())
+            self.metrics.start_http(self.metrics_port, self.metrics_addr)
+        except BaseException:
+            self.metrics = None
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
+            os.close(self._lock_fd)
+            raise
+        self.log(f"metrics on http://{self.metrics_addr}:{self.metrics.port}/metrics")
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stopping = True
@@ -276,6 +291,8 @@ class Daemon:
         self.listener.close()
         signal.set_wakeup_fd(-1)
         self.events.close()
+        if self.metrics is not None:
+            self.metrics.stop_http()
         os.close(self._lock_fd)
 
     # ------------------------------------------------------------------ connections
@@ -391,7 +408,7 @@ class Daemon:
             )
 
     def _op_register(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        pid = int(message["pid"])
+        pid = pid_seen_by_peer(int(message["pid"]), peer.pid)  # a container names its own
         info = read_process(pid)
         self._check_owner(peer, info.uid, f"process {pid}")
         if os.getuid() != 0 and info.uid != os.getuid():
@@ -436,6 +453,12 @@ class Daemon:
         reserve = int(message.get("reserve_bytes") or 0)
         if reserve < 0:
             raise UsageError("--reserve-memory must be >= 0")
+        if reserve and self.mechanisms.lock_unavailable:
+            raise UsageError(
+                "--reserve-memory needs memory eviction, which needs the NVIDIA driver "
+                f"checkpoint API, and this daemon has none ({self.mechanisms.lock_unavailable}); "
+                "leave --reserve-memory out"
+            )
         return Task(
             task_id=self.registry.new_id(),
             pid=info.pid,
@@ -561,6 +584,10 @@ class Daemon:
             self._resume(task, reason=f"task ended: {reason}")
         self.registry.remove(task.task_id)
         self.events.write("exit", **task.event_fields(), reason=reason)
+        if self.metrics is not None:
+            left = [(gpu, t.name) for t in self.registry.tasks.values() for gpu in t.gpus]
+            for gpu in task.gpus:
+                self.metrics.on_task_end(gpu, task.name, left)
 
     def _check_liveness(self) -> None:
         if self.memory.needed():
@@ -618,6 +645,9 @@ class Daemon:
                     task.preempted_since = None
                 task.waiting_turn = task.suspended and turn
             for task in list(self.registry.tasks.values()):
+                if task.task_id not in wanted and task.suspend_error is not None:
+                    task.suspend_error = None  # no longer unprotected: nothing to stop
+                    changed = True
                 if task.task_id not in wanted and task.suspended and not task.evicted:
                     changed |= self._resume(task, reason="policy")
             if changed:
@@ -758,17 +788,16 @@ class Daemon:
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
-            if task.mechanism == "auto":
+            if task.mechanism != "auto":
+                return self._suspend_failed(task, task.mechanism, exc)
+            try:
                 used = self.mechanisms.get("signal").suspend(target)
-            else:
-                self.events.write(
-                    "error",
-                    **task.event_fields(),
-                    mechanism=task.mechanism,
-                    reason=f"suspend failed: {exc}",
-                )
+            except NoSuchProcess:
                 return False
+            except GpreemptError as fallback:
+                return self._suspend_failed(task, "signal", fallback)
         latency_ms = (time.perf_counter() - start) * 1e3
+        task.suspend_error = None
         task.suspended = True
         task.suspended_with = used
         task.suspended_since = time.monotonic()
@@ -789,6 +818,21 @@ class Daemon:
             self.metrics.on_turn(task.gpu, task.name)
         elif self.metrics is not None:
             self.metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
+        return True
+
+    def _suspend_failed(self, task: Task, mechanism: str, exc: Exception) -> bool:
+        """Record that the policy wants ``task`` suspended and ``mechanism`` failed: its state
+        becomes ``unprotected`` (status, top, metrics) until a suspension succeeds or the
+        policy no longer wants it. The event log gets one line per new reason, not one per
+        retry. Returns whether the task's state changed."""
+        reason = f"suspend failed: {exc}"
+        if self.metrics is not None:
+            self.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
+        if task.suspend_error == reason:
+            return False
+        task.suspend_error = reason
+        self.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
+        self.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
 
     def _resume(self, task: Task, reason: str) -> bool:
@@ -852,8 +896,18 @@ class Daemon:
     def _publish_states(self) -> None:
         if self.metrics is None:
             return
-        counts: dict[tuple[int, str], int] = {}
-        for task in self.registry.tasks.values():
-            for gpu in task.gpus:
-                counts[(gpu, task.state)] = counts.get((gpu, task.state), 0) + 1
-        self.metrics.set_task_states(counts)
+        from .metrics import TaskSample
+
+        self.metrics.publish(
+            [
+                TaskSample(
+                    gpu=gpu,
+                    task=task.name,
+                    state=task.state,
+                    suspended_seconds=task.suspended_seconds,
+                    suspended_since=task.suspended_since if task.suspended else None,
+                )
+                for task in self.registry.tasks.values()
+                for gpu in task.gpus
+            ]
+        )

@@ -16,13 +16,17 @@ class GateMechanism(Mechanism):
     def check(self, target: Target) -> None:
         if target.control is None:
             raise MechanismUnavailable(
-                f"process {target.pid} has no gpreempt client: the gate needs a Python process "
-                "started with `gpreempt run` or calling gpreempt.attach()"
+                f"process {target.pid} has not connected its in-process client to the daemon, "
+                "so it has no launch gate: under `gpreempt run` a Python process connects when "
+                "it imports PyTorch (it has not yet, it is not Python, or its client failed: "
+                "see its stderr); elsewhere call gpreempt.attach(). Use --mechanism auto or "
+                "signal for other programs"
             )
         if not target.control.gate_installed:
             raise MechanismUnavailable(
-                f"process {target.pid} has not installed the gate (PyTorch not imported yet, "
-                "or GPREEMPT_GATE=0)"
+                f"process {target.pid} is connected but its launch gate is not installed "
+                "(GPREEMPT_GATE=0, or installing it failed: see the process's stderr for "
+                "'gpreempt: launch gate not installed')"
             )
 
     def suspend(self, target: Target) -> str:

@@ -1,0 +1,117 @@
+"""deploy/: the Kubernetes manifests against the API's models, the systemd units with
+systemd-analyze, and the dashboard and alerts against the metrics the daemon exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpreempt.daemon.metrics import DEFAULT_METRICS_PORT, DaemonMetrics, TaskSample
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+
+
+def _documents(path: Path) -> list[dict]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (pip install -e '.[dev]')")
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _strip_nulls(value):
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_manifests_match_the_kubernetes_api(path: Path) -> None:
+    """Each object deserializes into the API model of its kind with every required field, and
+    no field is lost on the way (a misspelt or misplaced key would be)."""
+    kubernetes = pytest.importorskip(
+        "kubernetes", reason="the kubernetes client is not installed (pip install -e '.[dev]')"
+    )
+    client = kubernetes.client.ApiClient()
+
+    class Response:
+        def __init__(self, doc: dict) -> None:
+            self.data = json.dumps(doc)
+
+    for doc in _documents(path):
+        group_version = doc["apiVersion"].split("/")[-1]
+        model = f"{group_version.capitalize()}{doc['kind']}"
+        assert hasattr(kubernetes.client, model), f"{path.name}: unknown kind {model}"
+        try:  # clients from v37 take the text and a content type, older ones a response
+            obj = client.deserialize(json.dumps(doc), model, "application/json")
+        except TypeError:
+            obj = client.deserialize(Response(doc), model)
+        back = _strip_nulls(client.sanitize_for_serialization(obj))
+        assert back == doc, f"{path.name}: {doc['kind']} has fields the API does not know"
+
+
+def test_every_port_is_the_default_metrics_port() -> None:
+    port = str(DEFAULT_METRICS_PORT)
+    daemonset = next(
+        d for d in _documents(DEPLOY / "kubernetes" / "gpreempt.yaml") if d["kind"] == "DaemonSet"
+    )
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert container["ports"][0]["containerPort"] == DEFAULT_METRICS_PORT
+    assert port in container["args"]
+    assert f"--metrics-port {port}" in (DEPLOY / "systemd" / "gpreempt.service").read_text()
+    # the image's default command uses the default port (--metrics-port alone)
+    assert '"--metrics-port", "--metrics-addr", "0.0.0.0"' in (DEPLOY / "Containerfile").read_text()
+
+
+@pytest.mark.parametrize("unit", ["gpreempt.service", "gpreempt-user.service"])
+def test_systemd_units_verify_clean(unit: str, tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    text = (DEPLOY / "systemd" / unit).read_text()
+    # the units name where pip puts the command; verify against this Python's
+    here = f"{sys.executable} -m gpreempt"
+    text = text.replace("/usr/local/bin/gpreempt", here).replace("%h/.local/bin/gpreempt", here)
+    copy = tmp_path / unit
+    copy.write_text(text)
+    command = ["systemd-analyze", "verify", str(copy)]
+    env = None
+    if "user" in unit:
+        runtime = tmp_path / "xdg"
+        runtime.mkdir(mode=0o700)
+        command.insert(1, "--user")
+        env = {"XDG_RUNTIME_DIR": str(runtime), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stderr
+
+
+def _exported_names() -> set[str]:
+    m = DaemonMetrics()
+    m.on_suspend(0, "t", "gate", 0.001)
+    m.on_suspend_failed(0, "t", "gate")
+    m.on_turn(0, "t")
+    m.on_evict(0, "t", 1, 0.1)
+    m.on_restore(0, "t", 1, 0.1)
+    m.publish([TaskSample(0, "t", "suspended", 1.0, 0.0)])
+    text = m.render().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
+    exported = _exported_names()
+    dashboard = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = _documents(DEPLOY / "monitoring" / "alerts.yaml")[0]["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} == {
+        "GpreemptTaskSuspendedTooLong",
+        "GpreemptSuspensionsFailing",
+    }
+    exprs += [r["expr"] for r in rules]
+    used = {name for e in exprs for name in re.findall(r"gpreempt_[a-z_]+", e)}
+    assert used and used <= exported, used - exported
