@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "queues",
     "analyze",
     "bench",
+    "selftest",
 )
 
 
