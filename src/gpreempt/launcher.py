@@ -179,6 +179,14 @@ class Launcher:
             )
         finally:
             os.close(go_r)
+        if self.spec.mechanism == "kfd":  # KFD answers the ptrace parent: trace the command
+            from .tracer import traced
+
+            try:
+                self.process = traced(self.process)  # type: ignore[assignment]
+            except BaseException:
+                os.close(go_w)
+                raise
         try:
             self._register(self.client)
         except GpreemptError:
@@ -270,6 +278,11 @@ class Launcher:
             resume_locked(Target(pid=self.process.pid))
         except GpreemptError as exc:
             say(f"could not unlock {self.process.pid} in the driver: {exc}")
+        if hasattr(self.process, "resume_queues"):  # mechanism kfd: its GPU queues
+            try:
+                self.process.resume_queues()
+            except GpreemptError as exc:
+                say(f"could not resume the GPU queues of {self.process.pid}: {exc}")
         try:
             os.killpg(self.process.pid, signal.SIGCONT)
         except ProcessLookupError:

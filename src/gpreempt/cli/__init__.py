@@ -51,6 +51,7 @@ SUBCOMMANDS = (
     "queues",
     "analyze",
     "bench",
+    "selftest",
 )
 
 

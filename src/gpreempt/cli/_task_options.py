@@ -59,7 +59,8 @@ def add_mechanism_option(parser: argparse.ArgumentParser) -> None:
         choices=MECHANISMS,
         help="how to suspend the task: gate (in-process launch gate; on NVIDIA it also holds "
         "queued work on the GPU with stream barriers, so a training task keeps the most "
-        "throughput), lock (NVIDIA driver lock), signal (SIGSTOP/SIGCONT), auto (best "
+        "throughput), lock (NVIDIA driver lock), signal (SIGSTOP/SIGCONT), kfd (AMD: "
+        "SIGSTOP and the GPU queues unmapped through KFD; `run` only), auto (best "
         "available; default)",
     )
 

@@ -51,6 +51,16 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command given: use `gpreempt run [OPTIONS] -- CMD ARGS...`")
+    if args.mechanism == "kfd":  # refuse before anything starts, with the reason
+        from ..errors import MechanismUnavailable
+        from ..mechanisms.kfd import check_available
+
+        try:
+            check_available()
+        except MechanismUnavailable as exc:
+            raise MechanismUnavailable(
+                f"mechanism 'kfd' is not available here: {exc}; use --mechanism gate or signal"
+            ) from None
     fields = task_fields(args)
     spec = TaskSpec(
         mechanism=args.mechanism, reserve_bytes=parse_size(args.reserve_memory), **fields

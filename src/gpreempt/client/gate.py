@@ -469,7 +469,7 @@ class _NativeImpl:
         )
         if config.barrier_ms > 0 and config.bound:
             control.keep_mapped()
-            module.set_barriers(config.barrier_ms)
+            module.set_barriers(config.barrier_ms, hip=bool(getattr(torch.version, "hip", None)))
 
     def uninstall(self) -> None:
         self._module.uninstall()

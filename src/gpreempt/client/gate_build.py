@@ -10,6 +10,11 @@ compiled against the installed PyTorch on first use with ``torch.utils.cpp_exten
 
 Build it ahead of time (for example in a container image) with
 ``python -m gpreempt.client.gate_build``.
+
+The same source builds against CUDA, ROCm and CPU-only builds of PyTorch: it is compiled as
+plain C++ (``with_cuda=False``, so nothing is hipified and neither nvcc nor hipcc is needed),
+reaches the device through c10's device-generic interface, and finds the driver functions of
+its stream barriers at run time (libcuda, or libamdhip64 on ROCm; see ``csrc/hip_api.h``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).parent / "csrc" / "gate.cpp"
+#: Headers the source includes: part of what a cached build was built from.
+HEADERS = (Path(__file__).parent / "csrc" / "hip_api.h",)
 ENV_CACHE_DIR = "GPREEMPT_CACHE_DIR"
 
 _loaded: ModuleType | None = None
@@ -46,6 +53,8 @@ def extension_name() -> str:
 
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
+    for header in HEADERS:
+        digest.update(header.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(str(getattr(torch.version, "cuda", None)).encode())
     digest.update(str(getattr(torch.version, "hip", None)).encode())

@@ -7,6 +7,7 @@ start time, so a recycled pid is never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -68,6 +69,11 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
         try:
             if record.mechanism in ("lock", "evict"):
                 resume_locked(target)
+            if record.mechanism == "kfd":  # its queues, through its launcher's tracer
+                from ..mechanisms.kfd import request
+
+                with contextlib.suppress(GpreemptError):
+                    request(record.pid, "resume")
             if record.pgid:
                 os.killpg(record.pgid, signal.SIGCONT)
             else:

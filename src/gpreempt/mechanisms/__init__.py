@@ -7,6 +7,8 @@ gate       the task's own launch gate stops submitting; bounded in-flight  PyTor
            work drains
 lock       driver checkpoint lock: no more CUDA calls, in-flight drained    NVIDIA, r570+
 signal     SIGSTOP/SIGCONT of the task's process group                      everything
+kfd        SIGSTOP, and its GPU queues unmapped through the KFD debugger    AMD (ROCm),
+           interface (waves saved by CWSR), by its tracer                  gpreempt run
 auto       gate where installed (the daemon adds the driver lock once the  everything
            gate has held the task a while), else lock where the driver
            can, else signal; chosen at each suspension
@@ -19,9 +21,10 @@ from ..errors import MechanismUnavailable, UsageError
 from .base import Mechanism, Target
 from .driver_lock import DriverLockMechanism
 from .gate import GateMechanism
+from .kfd import KfdMechanism
 from .signal import SignalMechanism
 
-NAMES = ("auto", "gate", "lock", "signal")
+NAMES = ("auto", "gate", "lock", "signal", "kfd")
 
 
 class AutoMechanism(Mechanism):
@@ -74,6 +77,9 @@ class MechanismSet:
         else:
             self.lock_unavailable = None
             self.concrete["lock"] = lock
+        self.kfd_unavailable = _kfd_unavailable()
+        if self.kfd_unavailable is None:
+            self.concrete["kfd"] = KfdMechanism()
         self.auto = AutoMechanism(self.concrete)
 
     def get(self, name: str) -> Mechanism:
@@ -85,6 +91,10 @@ class MechanismSet:
                 f"mechanism 'lock' is not available on this machine: {self.lock_unavailable}. "
                 "Use --mechanism signal (or auto, which falls back to signal)."
             )
+        if name == "kfd" and self.kfd_unavailable:
+            raise MechanismUnavailable(
+                f"mechanism 'kfd' is not available on this machine: {self.kfd_unavailable}"
+            )
         try:
             return self.concrete[name]
         except KeyError:
@@ -93,7 +103,19 @@ class MechanismSet:
             ) from None
 
 
+def _kfd_unavailable() -> str | None:
+    """Why the KFD debugger interface cannot be used here, or None if it can."""
+    from .kfd import check_available
+
+    try:
+        check_available()
+    except MechanismUnavailable as exc:
+        return str(exc)
+    return None
+
+
 __all__ = [
+    "KfdMechanism",
     "AutoMechanism",
     "DriverLockMechanism",
     "GateMechanism",

@@ -20,9 +20,10 @@
 //     window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
 //     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time;
-//   * with stream barriers (NVIDIA, opt-in): every `barrier` of estimated GPU time, put waits on
-//     the current stream for the gate's own word and the watched tasks' activity words (CUDA
-//     stream memory operations on the registered control blocks). The GPU then stops this
+//   * with stream barriers (opt-in): every `barrier` of estimated GPU time, put waits on the
+//     current stream for the gate's own word and the watched tasks' activity words (CUDA
+//     stream memory operations, or hipStreamWaitValue32 on a ROCm build, on the registered
+//     control blocks). The GPU then stops this
 //     process's queued work at the next barrier the moment a watched task becomes active, and
 //     goes on the moment it ends, with no CPU in between; the CPU no longer stops for a watched
 //     task and keeps launching ahead, up to the open window.
@@ -39,6 +40,8 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include "hip_api.h"
 
 #include <ATen/record_function.h>
 #include <c10/core/Device.h>
@@ -62,6 +65,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -301,6 +305,7 @@ struct GateState {
   // estimated work launched reaches next_barrier_work (never while they are off: the per-launch
   // path compares only that)
   std::atomic<bool> barriers{false};
+  bool hip = false;  // barriers through the HIP runtime (a ROCm build), else libcuda; under mu
   uint64_t barrier_ns = 0;
   std::atomic<uint64_t> next_barrier_work{std::numeric_limits<uint64_t>::max()};
   std::atomic<uint64_t> barriers_put{0};
@@ -970,6 +975,112 @@ CuDevicePtr device_word(GateState* g, const CuApi* cu, const uint8_t* word, bool
   return it->second + (reinterpret_cast<uintptr_t>(word) - page);
 }
 
+// --- stream barriers through HIP (ROCm builds of PyTorch) --------------------------------------
+// The same waits on the same words as the CUDA path below, through the HIP runtime's
+// hipStreamWaitValue32 (see hip_api.h). HIP has no current-context rule to satisfy: a stream
+// carries its device.
+struct HipApi {
+  gpreempt_hip::WaitValue32 wait32 = nullptr;
+  gpreempt_hip::HostRegister host_register = nullptr;
+  gpreempt_hip::HostGetDevicePointer device_pointer = nullptr;
+};
+
+// The API from one library (a handle from dlopen), or null if a function is missing.
+const HipApi* hip_api_from(void* lib) {
+  if (lib == nullptr) {
+    return nullptr;
+  }
+  auto* a = new HipApi();  // kept for the life of the process, like the library
+  a->wait32 = reinterpret_cast<gpreempt_hip::WaitValue32>(dlsym(lib, gpreempt_hip::kWaitValue32Name));
+  a->host_register =
+      reinterpret_cast<gpreempt_hip::HostRegister>(dlsym(lib, gpreempt_hip::kHostRegisterName));
+  a->device_pointer = reinterpret_cast<gpreempt_hip::HostGetDevicePointer>(
+      dlsym(lib, gpreempt_hip::kHostGetDevicePointerName));
+  if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr) {
+    delete a;
+    return nullptr;
+  }
+  return a;
+}
+
+// The HIP runtime PyTorch loaded (never a second copy if one is loaded already); null without.
+const HipApi* hip_api() {
+  static const HipApi* api = []() -> const HipApi* {
+    for (const char* name : gpreempt_hip::kLibraries) {
+      if (void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+        return hip_api_from(lib);
+      }
+    }
+    for (const char* name : gpreempt_hip::kLibraries) {
+      if (void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) {
+        return hip_api_from(lib);
+      }
+    }
+    return nullptr;
+  }();
+  return api;
+}
+
+// The device address of a control block word for HIP (mu held): its page is registered once
+// (mapped, portable) and stays registered, as on the CUDA path. Watched blocks are mapped
+// read-only; HIP has no read-only registration flag before ROCm 6, so none is asked for.
+void* hip_device_word(GateState* g, const HipApi* hip, const uint8_t* word) {
+  const uintptr_t page = reinterpret_cast<uintptr_t>(word) & ~(kPage - 1);
+  auto it = g->device_pages.find(page);
+  if (it == g->device_pages.end()) {
+    void* host = reinterpret_cast<void*>(page);
+    const gpreempt_hip::Result r = hip->host_register(
+        host, kPage, gpreempt_hip::kRegisterPortable | gpreempt_hip::kRegisterMapped);
+    void* device = nullptr;
+    if ((r != 0 && r != gpreempt_hip::kAlreadyRegistered) ||
+        hip->device_pointer(&device, host, 0) != 0 || device == nullptr) {
+      throw std::runtime_error("cannot map a control block for the GPU (HIP error " +
+                               std::to_string(r) + ")");
+    }
+    it = g->device_pages.emplace(page, reinterpret_cast<uintptr_t>(device)).first;
+  }
+  return reinterpret_cast<void*>(it->second + (reinterpret_cast<uintptr_t>(word) - page));
+}
+
+// Queues the barrier's waits on `stream` (a hipStream_t; mu held): the gate's own word with
+// bit 0 clear (on a complete watch list) or zero, then each watched task's activity words at
+// zero. The CUDA path waits for bit 0 with WAIT_VALUE_NOR; here an equality under the mask
+// 0x1 says the same, without relying on HIP's NOR.
+void put_hip_waits(GateState* g, const HipApi* hip, void* stream) {
+  auto wait = [&](void* address, uint32_t mask) {
+    const gpreempt_hip::Result r = hip->wait32(stream, address, 0, gpreempt_hip::kWaitEq, mask);
+    if (r != 0) {
+      throw std::runtime_error("hipStreamWaitValue32 failed (HIP error " + std::to_string(r) +
+                               ")");
+    }
+  };
+  const WatchList* list = g->watch.load(std::memory_order_acquire);
+  const uint8_t* own = g->ctl + kOffGateClosed;
+  const bool complete = list != nullptr && list->version != 0;
+  wait(hip_device_word(g, hip, own), complete ? kClosed : gpreempt_hip::kAllBits);
+  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
+    const uint8_t* b = list->blocks[i];
+    wait(hip_device_word(g, hip, b + kOffRequests), gpreempt_hip::kAllBits);
+    if (load32(b, kOffHinted) == 0) {  // its automatic activity counts too (wants_gpu)
+      wait(hip_device_word(g, hip, b + kOffAutoActive), gpreempt_hip::kAllBits);
+    }
+  }
+}
+
+// The HIP half of put_barrier (mu held, barriers due and holding).
+void put_hip_barrier(GateState* g) {
+  const HipApi* hip = hip_api();
+  if (hip == nullptr) {
+    throw std::runtime_error("the HIP runtime offers no hipStreamWaitValue32");
+  }
+  const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+  if (stream_capturing(g->impl, stream)) {
+    return;
+  }
+  put_hip_waits(g, hip, stream.native_handle());
+  g->barriers_put.fetch_add(1, std::memory_order_relaxed);
+}
+
 // Puts a barrier on the current stream: the GPU goes past it only while the gate is not plainly
 // closed (bit 0 of gate_closed) and no watched task is active. A failure turns barriers off for
 // good, and the CPU stops for watched tasks again.
@@ -997,6 +1108,10 @@ void put_barrier(GateState* g, uint64_t work) {
     return;
   }
   try {
+    if (g->hip) {
+      put_hip_barrier(g);
+      return;
+    }
     const CuApi* cu = cu_api();
     if (cu == nullptr) {
       throw std::runtime_error("the CUDA driver offers no stream memory operations");
@@ -1475,18 +1590,48 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   m.def("in_forked_child", []() { return g_in_child.load(); });
-  m.def("set_barriers", [](double spacing_ms) {
-    GateState* g = g_gate.load();
-    if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
-      return false;
+  // `hip`: a ROCm build of PyTorch (torch.version.hip), whose barriers go through HIP
+  m.def(
+      "set_barriers",
+      [](double spacing_ms, bool hip) {
+        GateState* g = g_gate.load();
+        if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
+          return false;
+        }
+        const bool on =
+            spacing_ms > 0.0 && (hip ? hip_api() != nullptr : cu_api() != nullptr);
+        std::lock_guard<std::mutex> lock(g->mu);
+        g->hip = hip;
+        g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
+        g->barriers.store(on);
+        store32(g->ctl, kOffBarriersOn, on ? 1u : 0u);  // the daemon's backstop leaves it alone
+        g->next_barrier_work.store(on ? g->work_ns.load()
+                                      : std::numeric_limits<uint64_t>::max());
+        return on;
+      },
+      py::arg("spacing_ms"), py::arg("hip") = false);
+  // Tests: queue one barrier's HIP waits on `stream` through the HIP library at `library` (a
+  // fake that records its calls, on machines without ROCm), for the control block at `own`
+  // watching the blocks at `watched` (list `version`). Returns the number of pages registered.
+  m.def("_hip_waits_for_test", [](const std::string& library, uintptr_t stream, uintptr_t own,
+                                  const std::vector<uintptr_t>& watched, uint32_t version) {
+    const HipApi* hip = hip_api_from(dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
+    if (hip == nullptr) {
+      throw std::runtime_error(library + " does not offer the HIP functions the gate uses");
     }
-    const bool on = spacing_ms > 0.0 && cu_api() != nullptr;
+    auto g = std::make_unique<GateState>();
+    g->ctl = reinterpret_cast<uint8_t*>(own);
+    WatchList list;
+    for (uintptr_t a : watched) {
+      if (list.n < kMaxWatched) {
+        list.blocks[list.n++] = reinterpret_cast<const uint8_t*>(a);
+      }
+    }
+    list.version = version;
+    g->watch.store(watched.empty() ? nullptr : &list);
     std::lock_guard<std::mutex> lock(g->mu);
-    g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
-    g->barriers.store(on);
-    store32(g->ctl, kOffBarriersOn, on ? 1u : 0u);  // the daemon's backstop leaves it alone then
-    g->next_barrier_work.store(on ? g->work_ns.load() : std::numeric_limits<uint64_t>::max());
-    return on;
+    put_hip_waits(g.get(), hip, reinterpret_cast<void*>(stream));
+    return g->device_pages.size();
   });
   m.def("watch", [](const std::vector<uintptr_t>& addresses, uint32_t version) {
     GateState* g = g_gate.load();

@@ -1,0 +1,372 @@
+"""Mechanism kfd on a CPU: a fake KFD that follows the kernel's rules (struct sizes, ioctl
+numbers, op codes, the ptrace-parent rule), the tracer that `gpreempt run --mechanism kfd`
+puts on its command, and the command's signals and exit status under that tracer."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import gpreempt
+
+from gpreempt.errors import MechanismFailed, MechanismUnavailable
+from gpreempt.mechanisms import kfd
+from gpreempt.mechanisms.base import Target
+from gpreempt.tracer import TracedProcess
+
+# --- a fake /dev/kfd -----------------------------------------------------------------------------
+
+
+def _ioc_size(request: int) -> int:
+    return (request >> 16) & 0x3FFF
+
+
+def _tracer_tid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+class FakeKfd:
+    """The kernel's side of AMDKFD_IOC_GET_VERSION and AMDKFD_IOC_DBG_TRAP, as kfd_chardev.c
+    and kfd_debug.c implement them, over a process that has `queues`."""
+
+    def __init__(self, version=(1, 17), queues=(3, 5), runtime_state=kfd.RUNTIME_ENABLED):
+        self.version = version
+        self.queues = list(queues)
+        self.runtime_state = runtime_state
+        self.enabled: dict[int, int] = {}  # pid -> dbg_fd
+        self.suspended: set[int] = set()
+        self.log: list[str] = []
+        self.attempts: list[int] = []  # every op asked for, allowed or not
+        self.runtime_event_pending = False
+
+    def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> int:
+        assert _ioc_size(request) == ctypes.sizeof(arg), "size in the request != the struct's"
+        if request == 0x80084B01:  # AMDKFD_IOR(0x01, struct kfd_ioctl_get_version_args)
+            assert ctypes.sizeof(arg) == 8
+            arg.major_version, arg.minor_version = self.version
+            return 0
+        assert request == 0xC0204B26, hex(request)  # AMDKFD_IOWR(0x26, kfd_ioctl_dbg_trap_args)
+        assert ctypes.sizeof(arg) == 32
+        op, pid = arg.op, arg.pid
+        self.attempts.append(op)
+        if not Path(f"/proc/{pid}").exists():
+            raise OSError(errno.ESRCH, "no such process")
+        if op != 1 and _tracer_tid(pid) != threading.get_native_id():
+            raise OSError(errno.EPERM, "not PTRACED by this thread")
+        if op != 0 and pid not in self.enabled:
+            raise OSError(errno.EINVAL, "not debug enabled")
+        if op in (6, 7) and self.runtime_state != kfd.RUNTIME_ENABLED:
+            raise OSError(errno.EPERM, "runtime not enabled")
+        self.log.append(
+            {
+                0: "enable",
+                1: "disable",
+                2: "runtime-event",
+                6: "suspend",
+                7: "resume",
+                11: "query",
+                13: "snapshot",
+            }[op]
+        )
+        if op == 0:  # ENABLE
+            assert arg.enable.rinfo_size == 16
+            assert arg.enable.exception_mask == 1 << 47  # KFD_EC_MASK(EC_PROCESS_RUNTIME)
+            os.fstat(arg.enable.dbg_fd)  # fget(): EBADF if no such fd
+            self.enabled[pid] = arg.enable.dbg_fd
+            info = kfd.RuntimeInfo.from_address(arg.enable.rinfo_ptr)
+            info.runtime_state = self.runtime_state
+            return 0
+        if op == 1:  # DISABLE resumes everything
+            self.suspended.clear()
+            del self.enabled[pid]
+            return 0
+        if op == 2:  # SEND_RUNTIME_EVENT
+            assert arg.send_runtime_event.exception_mask == 1 << 47
+            self.runtime_state = kfd.RUNTIME_ENABLED
+            return 0
+        if op == 11:  # QUERY_DEBUG_EVENT
+            if not self.runtime_event_pending:
+                raise OSError(errno.EAGAIN, "no event")
+            self.runtime_event_pending = False
+            arg.query_debug_event.exception_mask = 1 << 47
+            return 0
+        if op == 13:  # GET_QUEUE_SNAPSHOT
+            snap = arg.queue_snapshot
+            assert snap.entry_size == 64
+            for i, queue_id in enumerate(self.queues[: snap.num_queues]):
+                entry = kfd.QueueSnapshotEntry.from_address(snap.snapshot_buf_ptr + 64 * i)
+                entry.queue_id = queue_id
+            snap.num_queues = len(self.queues)
+            return 0
+        args = arg.suspend_queues if op == 6 else arg.resume_queues
+        ids = (ctypes.c_uint32 * args.num_queues).from_address(args.queue_array_ptr)
+        done = 0
+        for i, queue_id in enumerate(list(ids)):
+            if queue_id not in self.queues:
+                ids[i] = queue_id | (1 << 31)  # KFD_DBG_QUEUE_INVALID_MASK
+            elif op == 6:
+                self.suspended.add(queue_id)
+                done += 1
+            else:
+                self.suspended.discard(queue_id)
+                done += 1
+        return done
+
+    def raise_runtime_event(self) -> None:
+        self.runtime_state = kfd.RUNTIME_ENABLED_BUSY
+        self.runtime_event_pending = True
+        os.write(self.enabled[next(iter(self.enabled))], b".")
+
+
+@pytest.fixture
+def fake(tmp_path) -> FakeKfd:
+    return FakeKfd()
+
+
+def session_factory(fake: FakeKfd, path: Path):
+    path.touch()
+    return lambda pid: kfd.KfdSession(pid, lambda: kfd.KfdDevice(str(path), fake.ioctl))
+
+
+COUNTER = (
+    "import sys, time\n"
+    "n = 0\n"
+    "while True:\n"
+    "    n += 1\n"
+    "    open(sys.argv[1] + '.tmp', 'w').write(str(n))\n"
+    "    __import__('os').replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "    time.sleep(0.005)\n"
+)
+
+
+class Counter:
+    """A CPU child that counts, so that we can see whether it runs."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "count"
+        self.process = subprocess.Popen([sys.executable, "-c", COUNTER, str(self.path)])
+        deadline = time.monotonic() + 20
+        while not self.path.exists():
+            assert time.monotonic() < deadline, "the counter did not start"
+            time.sleep(0.01)
+
+    def value(self) -> int:
+        return int(self.path.read_text() or 0)
+
+    def runs(self, seconds: float = 0.4) -> bool:
+        before = self.value()
+        time.sleep(seconds)
+        return self.value() != before
+
+
+# --- the ABI -------------------------------------------------------------------------------------
+
+
+def test_abi_matches_kfd_ioctl_h() -> None:
+    assert ctypes.sizeof(kfd.DbgTrapArgs) == 32  # u32 pid, u32 op, 24-byte union
+    assert ctypes.sizeof(kfd.QueueSnapshotEntry) == 64
+    assert ctypes.sizeof(kfd.RuntimeInfo) == 16
+    for member in (kfd.EnableArgs, kfd.SuspendQueuesArgs, kfd.QueueSnapshotArgs):
+        assert ctypes.sizeof(member) == 24
+    assert ctypes.sizeof(kfd.ResumeQueuesArgs) == 16
+    assert kfd.DbgTrapArgs.u.offset == 8
+    assert kfd.QueueSnapshotEntry.queue_id.offset == 40
+    assert kfd.AMDKFD_IOC_DBG_TRAP == 0xC0204B26
+    assert kfd.AMDKFD_IOC_GET_VERSION == 0x80084B01
+    assert (kfd.OP_ENABLE, kfd.OP_DISABLE, kfd.OP_SEND_RUNTIME_EVENT) == (0, 1, 2)
+    assert (kfd.OP_SUSPEND_QUEUES, kfd.OP_RESUME_QUEUES) == (6, 7)
+    assert (kfd.OP_QUERY_DEBUG_EVENT, kfd.OP_GET_QUEUE_SNAPSHOT) == (11, 13)
+    assert kfd.ec_mask(kfd.EC_PROCESS_RUNTIME) == 1 << 47
+    assert (kfd.QUEUE_ERROR_MASK, kfd.QUEUE_INVALID_MASK) == (1 << 30, 1 << 31)
+
+
+def test_an_older_kfd_is_refused_with_the_version_it_needs(tmp_path) -> None:
+    path = tmp_path / "kfd"
+    path.touch()
+    device = kfd.KfdDevice(str(path), FakeKfd(version=(1, 12)).ioctl)
+    with pytest.raises(MechanismUnavailable, match=r"1\.12.*needs 1\.13"):
+        device.check_version()
+
+
+def test_no_kfd_device_is_one_clear_line(tmp_path) -> None:
+    with pytest.raises(MechanismUnavailable, match="does not exist: no AMD GPU driver"):
+        kfd.check_available(str(tmp_path / "absent"))
+
+
+def test_gpreempt_run_refuses_kfd_without_a_driver(tmp_path) -> None:
+    if Path(kfd.KFD_DEVICE).exists():
+        pytest.skip("this machine has a KFD device")
+    result = gpreempt(tmp_path, "run", "--mechanism", "kfd", "--", "true")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "mechanism 'kfd' is not available here" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+# --- the tracer and the KFD session -------------------------------------------------------------
+
+
+def test_queues_are_suspended_by_the_tracer_thread_and_resumed(tmp_path, fake) -> None:
+    child = Counter(tmp_path)
+    traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"), serve=False)
+    try:
+        assert traced.suspend_queues() == 2
+        assert fake.suspended == {3, 5}
+        assert fake.log[:3] == ["enable", "query", "snapshot"]
+        assert traced.resume_queues() == 2
+        assert fake.suspended == set()
+        assert traced.suspend_queues() == 2  # the session stays enabled between preemptions
+        assert fake.log.count("enable") == 1
+    finally:
+        traced.kill()
+    assert traced.wait(10) == -signal.SIGKILL
+    # the command exited while suspended: the tracer closed its session (resume, disable); the
+    # kernel answers ESRCH for a process that is gone, having released its queues itself
+    traced._thread.join(10)
+    assert fake.attempts[-2:] == [kfd.OP_RESUME_QUEUES, kfd.OP_DISABLE]
+
+
+def test_only_the_ptrace_parent_thread_may_suspend(tmp_path, fake) -> None:
+    child = Counter(tmp_path)
+    factory = session_factory(fake, tmp_path / "kfd")
+    traced = TracedProcess(child.process, factory, serve=False)
+    try:
+        session = factory(child.process.pid)  # used from this thread, which traces nothing
+        with pytest.raises(MechanismFailed, match="not its ptrace parent"):
+            session.suspend()
+        assert fake.suspended == set()
+    finally:
+        traced.kill()
+        traced.wait(10)
+
+
+def test_a_runtime_waiting_for_the_debugger_is_released(tmp_path) -> None:
+    fake = FakeKfd(runtime_state=kfd.RUNTIME_ENABLED_BUSY)
+    child = Counter(tmp_path)
+    traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"), serve=False)
+    try:
+        traced.suspend_queues()  # enabled while the runtime waited: answered at once
+        assert "runtime-event" in fake.log
+        traced.resume_queues()
+        fake.log.clear()
+        fake.raise_runtime_event()  # the runtime enables itself later, under the session
+        deadline = time.monotonic() + 5
+        while "runtime-event" not in fake.log:
+            assert time.monotonic() < deadline, "the tracer did not answer the runtime"
+            time.sleep(0.02)
+        assert fake.runtime_state == kfd.RUNTIME_ENABLED
+    finally:
+        traced.kill()
+        traced.wait(10)
+
+
+def test_the_daemon_suspends_through_the_tracer_socket(tmp_path, fake) -> None:
+    child = Counter(tmp_path)
+    traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"))
+    mechanism = kfd.KfdMechanism()
+    target = Target(pid=child.process.pid)
+    try:
+        mechanism.check(target)
+        assert mechanism.suspend(target) == "kfd"
+        assert fake.suspended == {3, 5}
+        assert not child.runs()  # its CPU side is stopped too: no new queues meanwhile
+        mechanism.resume(target)
+        assert fake.suspended == set()
+        assert child.runs()
+    finally:
+        traced.kill()
+        traced.wait(10)
+    with pytest.raises(MechanismUnavailable, match="has no KFD tracer"):
+        kfd.request(child.process.pid, "ping")
+
+
+def test_a_socket_not_held_by_the_tracer_is_refused(tmp_path) -> None:
+    child = Counter(tmp_path)  # not traced by anyone
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        squatter.bind(kfd.control_address(child.process.pid))
+        squatter.listen(1)
+        with pytest.raises(MechanismFailed, match="does not trace it"):
+            kfd.request(child.process.pid, "suspend", timeout=5)
+    finally:
+        squatter.close()
+        child.process.kill()
+        child.process.wait()
+
+
+# --- the command's signals and exit status are as without tracing -------------------------------
+
+
+class NoKfd:
+    def __init__(self, pid: int) -> None:
+        self.events_fd = -1
+
+    def close(self) -> None:
+        pass
+
+
+def trace(code: str, *args: str) -> TracedProcess:
+    return TracedProcess(
+        subprocess.Popen([sys.executable, "-c", code, *args]),
+        NoKfd,
+        serve=False,  # type: ignore[arg-type]
+    )
+
+
+def test_exit_code_is_kept() -> None:
+    assert trace("import sys; sys.exit(3)").wait(20) == 3
+
+
+def test_killed_by_a_signal_is_reported_as_such() -> None:
+    traced = trace("import time; time.sleep(60)")
+    time.sleep(0.3)
+    traced.terminate()
+    assert traced.wait(20) == -signal.SIGTERM
+    traced = trace("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert traced.wait(20) == -signal.SIGKILL
+
+
+def test_a_signal_reaches_the_command_handler(tmp_path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "while True: time.sleep(0.01)\n"
+    )
+    traced = trace(code, str(ready))
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    traced.terminate()
+    assert traced.wait(20) == 7
+
+
+@pytest.mark.parametrize("stop", [signal.SIGSTOP, signal.SIGTSTP])
+def test_stop_signals_stop_until_sigcont(tmp_path, stop) -> None:
+    child = Counter(tmp_path)
+    traced = TracedProcess(child.process, NoKfd, serve=False)  # type: ignore[arg-type]
+    try:
+        assert child.runs()
+        os.kill(child.process.pid, stop)
+        time.sleep(0.2)
+        assert not child.runs()
+        assert traced.poll() is None
+        os.kill(child.process.pid, signal.SIGCONT)
+        assert child.runs()
+    finally:
+        traced.kill()
+    assert traced.wait(20) == -signal.SIGKILL

@@ -1,0 +1,236 @@
+"""The launch gate's ROCm path, on a CPU: its stream barriers through a fake HIP runtime that
+records each call, and the HIP declarations it relies on checked against HIP's own headers."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpreempt import control
+
+OFFSETS = {
+    "gate_closed": control.OFF_GATE_CLOSED,
+    "requests": control.OFF_REQUESTS,
+    "auto_active": control.OFF_AUTO_ACTIVE,
+    "hinted": control.OFF_HINTED,
+}
+
+CSRC = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "client" / "csrc"
+HIP_HEADER = Path("/usr/include/hip/hip_runtime_api.h")
+DEVICE_OFFSET = 0x100000000000  # the fake's device address = host address + this
+
+FAKE_HIP = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+static FILE* out(void) {
+  static FILE* f;
+  if (!f) { f = fopen(getenv("FAKE_HIP_LOG"), "a"); setvbuf(f, NULL, _IONBF, 0); }
+  return f;
+}
+int hipStreamWaitValue32(void* stream, void* ptr, uint32_t value, unsigned flags, uint32_t mask) {
+  fprintf(out(), "wait %lu %lu %u %u %u\n", (unsigned long)stream, (unsigned long)ptr, value,
+          flags, mask);
+  return 0;
+}
+int hipHostRegister(void* host, size_t bytes, unsigned flags) {
+  fprintf(out(), "register %lu %zu %u\n", (unsigned long)host, bytes, flags);
+  return 0;
+}
+int hipHostGetDevicePointer(void** device, void* host, unsigned flags) {
+  *device = (char*)host + 0x100000000000UL;
+  fprintf(out(), "device %lu %u\n", (unsigned long)host, flags);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def native():
+    pytest.importorskip("torch")
+    from gpreempt.client.gate_build import NativeGateUnavailable, load_native
+
+    try:
+        return load_native()
+    except NativeGateUnavailable as exc:
+        pytest.skip(f"the gate extension cannot be built here: {exc}")
+
+
+@pytest.fixture
+def fake_hip(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the fake HIP runtime")
+    source = tmp_path / "fake_hip.c"
+    source.write_text(FAKE_HIP)
+    library = tmp_path / "libfakehip.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_HIP_LOG", str(log))
+    return library, log
+
+
+class Block:
+    """A page standing in for a control block (the gate only reads words of it)."""
+
+    def __init__(self, hinted: bool = False) -> None:
+        self.page = mmap.mmap(-1, mmap.PAGESIZE)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.page))
+        ctypes.c_uint32.from_address(self.address + OFFSETS["hinted"]).value = int(hinted)
+
+    def device(self, field: str) -> int:
+        return self.address + OFFSETS[field] + DEVICE_OFFSET
+
+
+def calls(log: Path) -> list[tuple[str, ...]]:
+    return [tuple(line.split()) for line in log.read_text().splitlines()]
+
+
+def waits(log: Path) -> list[tuple[int, int, int, int, int]]:
+    return [tuple(int(x) for x in c[1:]) for c in calls(log) if c[0] == "wait"]  # type: ignore[misc]
+
+
+def test_offsets_match_the_gate() -> None:
+    # the fake blocks above place words where control.py says; gate.cpp must agree
+    source = (CSRC / "gate.cpp").read_text()
+    for field, name in (
+        ("gate_closed", "GateClosed"),
+        ("requests", "Requests"),
+        ("auto_active", "AutoActive"),
+        ("hinted", "Hinted"),
+    ):
+        assert f"kOff{name} = {OFFSETS[field]};" in source
+
+
+def test_barrier_waits_on_a_complete_watch_list(native, fake_hip) -> None:
+    library, log = fake_hip
+    own, plain, hinted = Block(), Block(), Block(hinted=True)
+    stream = 0x5000
+    pages = native._hip_waits_for_test(
+        str(library), stream, own.address, [plain.address, hinted.address], 3
+    )
+    assert pages == 3
+    all_bits = 0xFFFFFFFF
+    # own word: bit 0 (a plain close) clear, so a close-while-watched word (2V) lets it pass;
+    # each watched task: no request, and for one that never used request(), no automatic activity
+    assert waits(log) == [
+        (stream, own.device("gate_closed"), 0, 1, 1),
+        (stream, plain.device("requests"), 0, 1, all_bits),
+        (stream, plain.device("auto_active"), 0, 1, all_bits),
+        (stream, hinted.device("requests"), 0, 1, all_bits),
+    ]
+    registered = [c for c in calls(log) if c[0] == "register"]
+    # each page once, 4 KiB, mapped and portable (hipHostRegisterMapped | hipHostRegisterPortable)
+    assert [(int(c[1]), int(c[2]), int(c[3])) for c in registered] == [
+        (b.address, 4096, 3) for b in (own, plain, hinted)
+    ]
+
+
+def test_barrier_waits_for_an_open_gate_without_a_complete_list(native, fake_hip) -> None:
+    library, log = fake_hip
+    own, watched = Block(), Block()
+    native._hip_waits_for_test(str(library), 7, own.address, [watched.address], 0)
+    assert waits(log)[0] == (7, own.device("gate_closed"), 0, 1, 0xFFFFFFFF)
+    log.write_text("")
+    native._hip_waits_for_test(str(library), 7, own.address, [], 0)
+    assert waits(log) == [(7, own.device("gate_closed"), 0, 1, 0xFFFFFFFF)]
+
+
+def test_a_library_without_the_functions_is_refused(native) -> None:
+    with pytest.raises(RuntimeError, match="does not offer the HIP functions"):
+        native._hip_waits_for_test("libm.so.6", 1, Block().address, [], 0)
+
+
+# --- the declarations in hip_api.h against HIP's headers ------------------------------------------
+
+ABI_CHECK = r"""
+#include <hip/hip_runtime_api.h>
+#include <type_traits>
+#include "hip_api.h"
+
+template <class T> struct Abi { using type = T; };
+template <> struct Abi<hipStream_t> { using type = void*; };
+template <> struct Abi<hipError_t> { using type = int; };
+template <class F> struct AbiFn;
+template <class R, class... A> struct AbiFn<R (*)(A...)> {
+  using type = typename Abi<R>::type (*)(typename Abi<A>::type...);
+};
+#define SAME(decl, ours) \
+  static_assert(std::is_same<AbiFn<decltype(&decl)>::type, ours>::value, #decl " differs")
+
+SAME(hipStreamWaitValue32, gpreempt_hip::WaitValue32);
+SAME(hipHostRegister, gpreempt_hip::HostRegister);
+SAME(hipHostGetDevicePointer, gpreempt_hip::HostGetDevicePointer);
+static_assert(sizeof(hipError_t) == sizeof(gpreempt_hip::Result), "hipError_t size");
+static_assert(std::is_pointer<hipStream_t>::value, "hipStream_t is a handle");
+static_assert(hipSuccess == 0, "hipSuccess");
+static_assert(hipStreamWaitValueEq == gpreempt_hip::kWaitEq, "hipStreamWaitValueEq");
+static_assert(hipHostRegisterPortable == gpreempt_hip::kRegisterPortable, "Portable");
+static_assert(hipHostRegisterMapped == gpreempt_hip::kRegisterMapped, "Mapped");
+static_assert(hipErrorHostMemoryAlreadyRegistered == gpreempt_hip::kAlreadyRegistered,
+              "hipErrorHostMemoryAlreadyRegistered");
+int main() { return 0; }
+"""
+
+
+def _hip_toolchain() -> str:
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if not HIP_HEADER.exists() or compiler is None:
+        pytest.skip(
+            "HIP headers or a C++ compiler are absent: install them to run this check "
+            "(Debian/Ubuntu: apt-get install -y hipcc libamdhip64-dev)"
+        )
+    return compiler
+
+
+def test_hip_declarations_match_the_hip_headers(tmp_path) -> None:
+    compiler = _hip_toolchain()
+    source = tmp_path / "abi_check.cpp"
+    source.write_text(ABI_CHECK)
+    result = subprocess.run(
+        [
+            compiler,
+            "-std=c++17",
+            "-D__HIP_PLATFORM_AMD__",
+            "-I",
+            str(CSRC),
+            "-fsyntax-only",
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_hip_functions_are_exported_by_libamdhip64() -> None:
+    _hip_toolchain()
+    candidates = sorted(Path("/usr/lib").rglob("libamdhip64.so*")) + sorted(
+        Path("/opt/rocm/lib").glob("libamdhip64.so*")
+    )
+    if not candidates or shutil.which("nm") is None:
+        pytest.skip("libamdhip64.so or nm is absent (apt-get install -y libamdhip64-dev binutils)")
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(candidates[0])], capture_output=True, text=True
+    ).stdout.split()
+    exported = {symbol.split("@")[0] for symbol in exported}  # versioned: name@@hip_4.2
+    names = re.findall(r'k\w+Name = "(\w+)"', (CSRC / "hip_api.h").read_text())
+    assert len(names) == 3
+    for name in names:
+        assert name in exported, f"{name} is not exported by {candidates[0]}"
+    assert "dlsym(lib, gpreempt_hip::k" in (CSRC / "gate.cpp").read_text()
+
+
+def test_gate_source_builds_as_hipified_cpp(tmp_path) -> None:
+    """The extension source has no CUDA-only include, so a ROCm build (plain C++ against
+    PyTorch's headers, ``with_cuda=False``) needs neither CUDA nor HIP headers."""
+    source = (CSRC / "gate.cpp").read_text()
+    includes = re.findall(r"#include [<\"]([^>\"]+)[>\"]", source)
+    assert not [i for i in includes if i.startswith(("cuda", "hip/", "c10/cuda", "ATen/cuda"))]
+    assert "hip_api.h" in includes
