@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from .snapshot import Snapshot
 
-#: How long every more important task must have been idle before a gate may sleep (s). Long
-#: against the gaps between a server's requests, so that a server under load keeps the
-#: trainers' gates awake (and their barriers put); short against a training run.
-DEFAULT_SLEEP_AFTER_S = 2.0
+#: How long every more important task must have been idle before a gate may sleep (s). What a
+#: task queues while its gate sleeps is not bounded (a compiled or non-synchronising trainer
+#: runs far ahead), and the first request after the pause waits for it: so only a server idle
+#: for long (at night, between deployments) lets the trainers' gates sleep, never one between
+#: the requests of ordinary traffic or the warm-up of its peers.
+DEFAULT_SLEEP_AFTER_S = 30.0
 
 
 def sleepers(
