@@ -94,9 +94,16 @@ class Task:
         """The fields that name this task in an event log record."""
         return {"task": self.name, "task_id": self.task_id, "pid": self.pid, "gpu": self.gpu}
 
-    def target(self) -> Target:
+    #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
+    #: registers it again from its persisted state.
+    attached: bool = False
+
+    def target(self, whole_group: bool = True) -> Target:
+        """What a mechanism acts on; ``whole_group`` False: the process alone, even if it
+        leads a group (some member of which belongs to another user)."""
         control = next(iter(self.controls.values()), None)
-        return Target(pid=self.pid, pgid=self.pgid, control=control)
+        pgid = self.pgid if whole_group else None
+        return Target(pid=self.pid, pgid=pgid, control=control, start_time=self.start_time)
 
     def view(self) -> TaskView:
         """The task for the policy, with its activity as the daemon last observed it."""
@@ -179,17 +186,40 @@ class Registry:
     def by_pid(self, pid: int) -> Task | None:
         return next((t for t in self.tasks.values() if t.pid == pid), None)
 
-    def find(self, target: str) -> Task:
-        """The task named ``target``, or whose pid or task id it is."""
+    def count_of(self, uid: int) -> int:
+        """Tasks of ``uid``."""
+        return sum(1 for t in self.tasks.values() if t.uid == uid)
+
+    def name_taken(self, name: str, uid: int) -> Task | None:
+        """The task of ``uid`` already named ``name``, if any (names are unique per owner)."""
+        return next((t for t in self.tasks.values() if t.uid == uid and t.name == name), None)
+
+    def free_name(self, name: str, uid: int) -> str:
+        """``name``, or ``name-2``, ``name-3``... : the first no task of ``uid`` uses."""
+        candidate, n = name, 1
+        while self.name_taken(candidate, uid) is not None:
+            n += 1
+            candidate = f"{name}-{n}"
+        return candidate
+
+    def find(self, target: str, uid: int | None = None) -> Task:
+        """The task whose pid ``target`` is, else the one named ``target``: among ``uid``'s
+        own tasks first, so that no other user's task name can shadow them."""
         text = str(target).strip()
-        matches = [t for t in self.tasks.values() if t.name == text]
-        if not matches and text.isdigit():
+        matches: list[Task] = []
+        if text.isdigit():
             number = int(text)
             matches = [t for t in self.tasks.values() if t.pid == number]
+        if not matches and uid is not None:
+            matches = [t for t in self.tasks.values() if t.name == text and t.uid == uid]
+        if not matches:
+            matches = [t for t in self.tasks.values() if t.name == text]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
             pids = ", ".join(str(t.pid) for t in matches)
             raise NoSuchTask(f"{len(matches)} tasks are named {text!r} (pids {pids}): use a pid")
         known = ", ".join(sorted(f"{t.name} ({t.pid})" for t in self.tasks.values())) or "none"
+        if len(self.tasks) > 20:
+            known = f"{len(self.tasks)} tasks (see `gpreempt status`)"
         raise NoSuchTask(f"no task named or with pid {text!r}; registered tasks: {known}")
