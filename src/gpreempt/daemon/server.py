@@ -821,6 +821,10 @@ class Daemon:
             ],
         }
 
+    def _watched_by(self, task: Task) -> list[int]:
+        """Ids of the tasks whose blocks the gates of ``task`` watch (policy/watch.py)."""
+        return self._watched_by_task().get(task.task_id, [])
+
     def _watched_by_task(self) -> dict[int, list[int]]:
         """For each task, the ids of the tasks whose blocks its gates watch (policy/watch.py)."""
         ids: dict[int, set[int]] = {}
@@ -1036,6 +1040,8 @@ class Daemon:
         )
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
+        """Push ``peer`` its watch list with read-only descriptors of the blocks, through its
+        outbox (the descriptors go with the message, whenever the client reads it)."""
         fds: list[int] = []
         try:
             fds = [control.read_only_fd() for _t, _c, control in blocks]
@@ -1048,13 +1054,14 @@ class Daemon:
                 "pids": [owner.pid if owner is not None else None for owner in owners],
                 "version": peer.watch_version,
             }
-            peer.connection.send(message, fds)
+            data = encode({**message, "nfds": len(fds)} if fds else message, MAX_REPLY)
         except (OSError, ProtocolError) as exc:
             self.log(f"cannot send the watch list to process {peer.pid}: {exc}")
-        finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            return
+        self._queue(peer, data, fds)
 
     def _suspend(self, task: Task, reason: str | None = None) -> bool:
         """Suspend ``task`` by its mechanism; ``reason`` for the event log (default: held or
