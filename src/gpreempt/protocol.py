@@ -153,7 +153,13 @@ class Connection:
         del self._buffer[: end + 1]
         if len(line) > self.max_message:
             raise ProtocolError(f"message exceeds the {self.max_message}-byte limit")
-        message = decode(line)
+        try:
+            message = decode(line)
+        except ProtocolError as exc:
+            exc.framing_intact = True  # type: ignore[attr-defined] - the next line is whole
+            if not self._buffer:
+                self._close_fds()
+            raise
         count = message.pop("nfds", 0)
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_FDS:
             self._close_fds()

@@ -475,8 +475,10 @@ class Daemon:
                 item = peer.connection.pop()
             except ProtocolError as exc:
                 self._reply(peer, error_reply(exc))
-                self._drop_peer(peer)
-                return
+                if not getattr(exc, "framing_intact", False):
+                    self._drop_peer(peer)
+                    return
+                continue  # one malformed line: the next one is whole
             if item is None:
                 return
             message, fds = item
@@ -750,17 +752,13 @@ class Daemon:
                 f"you (uid {peer.uid}) may feed only your own tasks"
             )
         register = message.get("register")
-        if task is None:
-            if not register:
-                raise NoSuchProcess(
-                    f"process {peer.pid} is not part of a registered task; start it with "
-                    "`gpreempt run` or pass register=True with a priority"
-                )
-            if not isinstance(register, dict):
-                raise UsageError("register must be an object of task fields")
-            info = self._registrable(peer, peer.pid)
-            fields = {**register, "pid": peer.pid}
-            task = None
+        if task is None and not register:
+            raise NoSuchProcess(
+                f"process {peer.pid} is not part of a registered task; start it with "
+                "`gpreempt run` or pass register=True with a priority"
+            )
+        if task is None and not isinstance(register, dict):
+            raise UsageError("register must be an object of task fields")
         try:
             control = ControlBlock.adopt(fds[0], fds[1])
         except ValueError as exc:
@@ -768,7 +766,8 @@ class Daemon:
         fds.clear()  # the control block owns them now
         try:
             if task is None:
-                task = self._add_task(peer, info, fields, owned=True)
+                info = self._registrable(peer, peer.pid)
+                task = self._add_task(peer, info, {**register, "pid": peer.pid}, owned=True)
         except BaseException:
             control.close()
             raise
