@@ -155,6 +155,7 @@ def test_a_preempted_task_resumes_on_time_while_a_client_does_not_read(
         client.register(low.pid, priority="low")
         # 150 requests whose 60 KB replies are never read: more than the socket buffers hold
         flood = json.dumps({"op": "p" * 60_000}).encode() + b"\n"
+
         def send_all() -> None:
             with contextlib.suppress(OSError):
                 hog.sendall(flood * 150)
