@@ -83,6 +83,19 @@ def ancestors(pid: int) -> list[int]:
     return chain
 
 
+def start_time_of(pid: int) -> int:
+    """Start time of ``pid`` (clock ticks since boot), from /proc/PID/stat alone (cheap)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise NoSuchProcess(f"no process with pid {pid} (it may have exited)") from None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        raise NoSuchProcess(f"process {pid} has exited (zombie)")
+    return int(fields[19])
+
+
 def open_verified(pid: int, start_time: int | None) -> int:
     """A pidfd of ``pid``, checked to be the process that started at ``start_time``: signals
     sent through it can never reach a process that took a recycled pid. Raises NoSuchProcess
@@ -92,8 +105,8 @@ def open_verified(pid: int, start_time: int | None) -> int:
     except ProcessLookupError:
         raise NoSuchProcess(f"process {pid} has exited") from None
     try:
-        info = read_process(pid)
-        if start_time is not None and info.start_time != start_time:
+        started = start_time_of(pid)
+        if start_time is not None and started != start_time:
             raise NoSuchProcess(f"process {pid} has exited (its pid now names another process)")
     except BaseException:
         os.close(pidfd)

@@ -29,9 +29,10 @@ MESSAGE_BURST_PER_UID = 10000.0
 #: Messages handled from one connection before the loop turns to the others.
 MESSAGES_PER_TURN = 16
 #: Descriptors the daemon keeps for itself (log, lock, selector, libraries) when it sizes the
-#: number of connections it accepts; each connection may hold three (socket, block, doorbell).
+#: number of connections it accepts; each connection may hold three (socket, block, doorbell)
+#: and register a task, which holds one (its pidfd).
 RESERVED_FDS = 64
-FDS_PER_CONNECTION = 3
+FDS_PER_CONNECTION = 4
 
 #: Sane ranges of the numeric fields of a registration.
 MAX_PID = 2**31 - 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -97,13 +99,18 @@ class Task:
     #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
     #: registers it again from its persisted state.
     attached: bool = False
+    #: A pidfd of its process, opened at registration once its start time was checked
+    #: (None where pidfds are unavailable); closed when the task ends.
+    pidfd: int | None = None
 
     def target(self, whole_group: bool = True) -> Target:
         """What a mechanism acts on; ``whole_group`` False: the process alone, even if it
         leads a group (some member of which belongs to another user)."""
         control = next(iter(self.controls.values()), None)
         pgid = self.pgid if whole_group else None
-        return Target(pid=self.pid, pgid=pgid, control=control, start_time=self.start_time)
+        return Target(
+            pid=self.pid, pgid=pgid, control=control, start_time=self.start_time, pidfd=self.pidfd
+        )
 
     def view(self) -> TaskView:
         """The task for the policy, with its activity as the daemon last observed it."""
@@ -180,8 +187,22 @@ class Registry:
     def add(self, task: Task) -> None:
         self.tasks[task.task_id] = task
 
+    def add_pidfd(self, task: Task) -> None:
+        """Open the pidfd of ``task``'s process, checked against its start time."""
+        from ..procinfo import open_verified
+
+        try:
+            task.pidfd = open_verified(task.pid, task.start_time)
+        except (OSError, AttributeError):
+            task.pidfd = None  # no pidfds here: signals check the start time each time
+
     def remove(self, task_id: int) -> Task | None:
-        return self.tasks.pop(task_id, None)
+        task = self.tasks.pop(task_id, None)
+        if task is not None and task.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(task.pidfd)
+            task.pidfd = None
+        return task
 
     def by_pid(self, pid: int) -> Task | None:
         return next((t for t in self.tasks.values() if t.pid == pid), None)

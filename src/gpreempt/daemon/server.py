@@ -666,6 +666,7 @@ class Daemon:
         """Register a task; ``owned``: it ends when this peer's connection closes."""
         self.limits.check_task_count(info.uid, self.registry.count_of(info.uid))
         task = self._new_task(peer, info, message)
+        self.registry.add_pidfd(task)
         self.registry.add(task)
         if owned:
             task.owner = peer.conn_id
@@ -1231,6 +1232,7 @@ class Daemon:
                 self.log(f"not registering attached process {record.pid} again: {exc}")
                 continue
             task.attached = True
+            self.registry.add_pidfd(task)
             self.registry.add(task)
             self.events.write(
                 "registered",

@@ -22,6 +22,13 @@ def send(target: Target, signum: int) -> None:
     signalled through that pidfd, so a recycled pid is never signalled; a group is signalled
     while its verified leader holds the group id."""
     try:
+        if target.pidfd is not None:
+            if target.pgid:
+                signal.pidfd_send_signal(target.pidfd, 0)  # ESRCH once it has exited
+                os.killpg(target.pgid, signum)
+            else:
+                signal.pidfd_send_signal(target.pidfd, signum)
+            return
         if target.start_time is None:
             if target.pgid:
                 os.killpg(target.pgid, signum)
