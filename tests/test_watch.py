@@ -71,12 +71,20 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
     user's block must never be sent. Also: only the blocks of tasks that outrank the receiver,
     and again only when that set changes."""
 
-    class Recorder:  # stands in for a peer's connection
+    class Recorder:  # stands in for a peer's connection and its outbox
         def __init__(self) -> None:
             self.sent: list[tuple[dict, int]] = []
 
-        def send(self, message: dict, fds=()) -> None:
+        def put(self, data: bytes, fds=()) -> bool:
+            message = json.loads(data)
+            message.pop("nfds", None)
             self.sent.append((message, len(fds)))
+            for fd in fds:
+                os.close(fd)
+            return True
+
+        def flush(self) -> bool:
+            return True
 
     daemon = DaemonServer(tmp_path)
     blocks = [ControlBlock.create() for _ in range(4)]
@@ -92,7 +100,9 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
                 Task(task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate")
             )
             daemon.registry.tasks[task_id].controls[task_id] = block
-            peer = Peer(task_id, Recorder(), 100 + task_id, uid, channel_task=task_id)  # type: ignore[arg-type]
+            recorder = Recorder()
+            peer = Peer(task_id, recorder, 100 + task_id, uid, channel_task=task_id)  # type: ignore[arg-type]
+            peer.outbox = recorder  # type: ignore[assignment]
             peer.channel_ready = True
             daemon.peers[task_id] = peer
         fds_before = len(os.listdir("/proc/self/fd"))
@@ -166,9 +176,14 @@ def test_hpf_says_who_waits_only_for_active_tasks_and_for_which() -> None:
 
 def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_path) -> None:
 
-    class Recorder:
-        def send(self, message: dict, fds=()) -> None:
-            pass
+    class Recorder:  # stands in for a peer's connection and its outbox
+        def put(self, data: bytes, fds=()) -> bool:
+            for fd in fds:
+                os.close(fd)
+            return True
+
+        def flush(self) -> bool:
+            return True
 
     def build(**options) -> tuple[DaemonServer, list[ControlBlock]]:
         daemon = DaemonServer(tmp_path, **options)
@@ -178,7 +193,9 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
             task = Task(task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate")
             task.controls[task_id] = block
             daemon.registry.add(task)
-            peer = Peer(task_id, Recorder(), 100 + task_id, uid, channel_task=task_id)  # type: ignore[arg-type]
+            recorder = Recorder()
+            peer = Peer(task_id, recorder, 100 + task_id, uid, channel_task=task_id)  # type: ignore[arg-type]
+            peer.outbox = recorder  # type: ignore[assignment]
             peer.channel_ready = True
             daemon.peers[task_id] = peer
         daemon._update_watches()

@@ -53,33 +53,13 @@ def resolve_runtime_dir(value: str | os.PathLike[str] | None) -> Path:
     return Path(value) if value else default_runtime_dir()
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` with mode 0700 if needed and check that only its owner can use it.
+def ensure_private_dir(path: Path, shared: bool = False) -> Path:
+    """Create ``path`` with mode 0700 if needed, or check that the one there is a real
+    directory of ours that other users cannot write (runtime_dir.py); never chmods one we did
+    not create."""
+    from .runtime_dir import prepare_runtime_dir
 
-    Refuses a directory owned by someone else or open to others, since the socket in it
-    is what keeps other users from suspending our processes.
-    """
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot create runtime directory {path}: {exc.strerror}; "
-            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
-        ) from None
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise UsageError(
-            f"runtime directory {path} belongs to uid {info.st_uid}, not to you; "
-            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
-        )
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"runtime directory {path} is not writable; "
-            f"choose another with --runtime-dir or ${ENV_RUNTIME_DIR}"
-        )
-    return path
+    return prepare_runtime_dir(path, shared)
 
 
 def env_number(name: str, kind: type = float, minimum: float = 0, unit: str = "") -> Any:

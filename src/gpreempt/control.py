@@ -6,7 +6,10 @@ plain memory load: no syscall, no socket, no lock. The client publishes its acti
 which happens per request, not per launch.
 
 The block lives in a memfd the client creates and hands to the daemon over the socket, so no
-file in a shared directory can be swapped or read by anyone else. The daemon wakes a gate
+file in a shared directory can be swapped or read by anyone else. The client seals its size
+(``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) before handing it over, and the daemon maps
+nothing else (:meth:`ControlBlock.adopt`): a block that could shrink under the daemon's
+mapping would crash it with SIGBUS at its next read. The daemon wakes a gate
 waiting on ``gate_closed`` (a futex) when it opens it, and may hand read-only descriptors of a
 block to the gates of the same user's less important tasks, which then watch its activity
 words (:class:`ActivityView`, ``gpreempt.policy.watch``).
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import mmap
 import os
 import struct
@@ -61,6 +65,8 @@ from typing import Any
 from . import futex
 
 SIZE = 64
+#: Seals a control block must carry before the daemon maps it.
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -135,10 +141,38 @@ class ControlBlock:
 
     @classmethod
     def create(cls) -> ControlBlock:
-        """A fresh, zeroed block owned by this process."""
-        memfd = os.memfd_create("gpreempt-control", os.MFD_CLOEXEC)
+        """A fresh, zeroed block owned by this process, its size sealed."""
+        memfd = os.memfd_create("gpreempt-control", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(memfd, SIZE)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
         doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        return cls(memfd, doorbell)
+
+    @classmethod
+    def adopt(cls, memfd: int, doorbell: int) -> ControlBlock:
+        """A block a client handed over (daemon), once checked: ``memfd`` is a memfd of at
+        least :data:`SIZE` bytes sealed against shrinking, growing and further seals, and
+        ``doorbell`` an eventfd. Raises ValueError saying what is wrong (the caller still
+        owns both descriptors then)."""
+        what = _fd_kind(memfd)
+        if not what.startswith("/memfd:"):
+            raise ValueError(f"the control block must be a memfd, got {what or 'unknown'}")
+        try:
+            seals = fcntl.fcntl(memfd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        if seals & REQUIRED_SEALS != REQUIRED_SEALS:
+            raise ValueError(
+                "the control block's memfd must be sealed with F_SEAL_SHRINK, F_SEAL_GROW "
+                "and F_SEAL_SEAL (ControlBlock.create does this)"
+            )
+        size = os.fstat(memfd).st_size
+        if size < SIZE:
+            raise ValueError(f"the control block is {size} bytes, not {SIZE}")
+        kind = _fd_kind(doorbell)
+        if kind != "anon_inode:[eventfd]":
+            raise ValueError(f"the doorbell must be an eventfd, got {kind or 'unknown'}")
+        os.set_blocking(doorbell, False)
         return cls(memfd, doorbell)
 
     @property
@@ -219,10 +253,15 @@ class ControlBlock:
         """
         return os.open(f"/proc/self/fd/{self.memfd}", os.O_RDONLY | os.O_CLOEXEC)
 
-    def drain_doorbell(self) -> None:
-        """Reset the doorbell after it rang (daemon)."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.doorbell)
+    def drain_doorbell(self) -> bool:
+        """Reset the doorbell after it rang (daemon); False if it does not reset (an eventfd
+        in semaphore mode keeps ringing: its client is dropped)."""
+        for _ in range(8):
+            try:
+                os.eventfd_read(self.doorbell)
+            except BlockingIOError:
+                return True
+        return False
 
     def stats(self) -> ControlStats:
         return ControlStats(
@@ -273,6 +312,15 @@ class ControlBlock:
         for fd in (self.memfd, self.doorbell):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _fd_kind(fd: int) -> str:
+    """What ``fd`` is, as /proc names it (``/memfd:NAME (deleted)``, ``anon_inode:[eventfd]``,
+    ``pipe:[N]``...), or '' if it cannot be told."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 #: Blocks whose pages the GPU may read, mapped until the process exits.

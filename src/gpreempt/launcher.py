@@ -1,10 +1,16 @@
 """``gpreempt run``: start a command as a task, supervise it, and never leave it suspended.
 
-The launcher starts the daemon if none answers, starts the command in its own process
-group (so the daemon can stop the command's helpers with it), registers it before it runs
-its first instruction, forwards SIGINT/SIGTERM/SIGHUP, and returns its exit code. If the
+The launcher starts the daemon if none answers, starts the command in its own session and
+process group (so the daemon can stop the command's helpers with it), registers it before it
+runs its first instruction, forwards SIGINT/SIGTERM/SIGHUP, and returns its exit code. If the
 daemon goes away, the launcher resumes the command itself at once and registers it again
 with whichever daemon comes back.
+
+The command's own session keeps it alive if the launcher is killed while the command is
+stopped: a stopped process group that becomes orphaned within its session gets SIGHUP from
+the kernel, and that would kill most commands; a group in a session of its own is never
+orphaned by the launcher's death. A daemon that stops answering never leaves the command
+stopped or unmanaged by surprise: the launcher resumes it, says so, and runs it on.
 """
 
 from __future__ import annotations
@@ -29,12 +35,16 @@ from .config import (
     ENV_RUNTIME_DIR,
     ENV_TASK_ID,
     ensure_private_dir,
+    env_number,
     resolve_runtime_dir,
 )
 from .errors import DaemonUnavailable, GpreemptError, UsageError
 
 #: How long to wait for a daemon we started to answer.
 DAEMON_START_TIMEOUT_S = 10.0
+#: How long a request may wait for the daemon's answer ($GPREEMPT_DAEMON_TIMEOUT_S).
+ENV_DAEMON_TIMEOUT = "GPREEMPT_DAEMON_TIMEOUT_S"
+DEFAULT_DAEMON_TIMEOUT_S = 10.0
 #: How often a launcher whose daemon vanished looks for a new one.
 RECONNECT_PERIOD_S = 1.0
 
@@ -81,10 +91,17 @@ def say(message: str) -> None:
     print(f"gpreempt: {message}", file=sys.stderr, flush=True)
 
 
+def daemon_timeout() -> float:
+    """Seconds a request waits for the daemon's answer."""
+    value = env_number(ENV_DAEMON_TIMEOUT, float, 0.1, "seconds")
+    return DEFAULT_DAEMON_TIMEOUT_S if value is None else value
+
+
 def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> DaemonClient:
     """A connection to the runtime directory's daemon, starting one in the background if needed."""
+    timeout = daemon_timeout()
     try:
-        return DaemonClient.connect(runtime_dir)
+        return DaemonClient.connect(runtime_dir, timeout=timeout)
     except DaemonUnavailable:
         pass
     ensure_private_dir(runtime_dir)
@@ -92,7 +109,9 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
     if policy:
         command += ["--policy", policy]
     log_fd = os.open(
-        runtime_dir / DAEMON_LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        runtime_dir / DAEMON_LOG_NAME,
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
+        0o600,
     )
     try:
         process = subprocess.Popen(
@@ -109,14 +128,14 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
     while time.monotonic() < deadline:
         if process.poll() is not None:
             try:  # another launcher may have won the race to start one
-                return DaemonClient.connect(runtime_dir)
+                return DaemonClient.connect(runtime_dir, timeout=timeout)
             except DaemonUnavailable:
                 raise DaemonUnavailable(
                     f"the daemon could not start (exit code {process.returncode}); "
                     f"see {runtime_dir / DAEMON_LOG_NAME}"
                 ) from None
         try:
-            client = DaemonClient.connect(runtime_dir)
+            client = DaemonClient.connect(runtime_dir, timeout=timeout)
         except DaemonUnavailable:
             time.sleep(0.05)
             continue
@@ -174,7 +193,7 @@ class Launcher:
             self.process = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
                 env=child_environment(self.runtime_dir),
-                preexec_fn=os.setpgrp,
+                start_new_session=True,  # never orphaned while stopped (module docstring)
                 pass_fds=(go_r,),
             )
         finally:
@@ -189,6 +208,17 @@ class Launcher:
                 raise
         try:
             self._register(self.client)
+        except DaemonUnavailable as exc:
+            # It may have registered (and even stopped) the command before it stopped
+            # answering: drop the connection (an owned task ends with it) and resume the
+            # command ourselves before it runs unmanaged.
+            self.client.close()
+            self.client = None
+            self._resume_child()
+            say(
+                f"{exc}: running the command without preemption; it registers with the "
+                "daemon once one answers"
+            )
         except GpreemptError:
             os.close(go_w)  # the child goes on without gpreempt only if we kill it: do so
             self.process.kill()
@@ -260,16 +290,26 @@ class Launcher:
             return False
 
     def _forward(self, signum: int, frame: object) -> None:
+        """Pass a signal on to the command. A command the daemon suspended stays suspended:
+        the signal waits until the daemon resumes it (resuming it here would let it run
+        while the daemon says it is stopped). Without a daemon, nobody else would resume
+        it, so it is resumed first."""
         if self.process is None or self.process.poll() is not None:
             return
         try:
-            os.killpg(self.process.pid, signal.SIGCONT)  # a stopped child could not act on it
+            if self.client is None:
+                os.killpg(self.process.pid, signal.SIGCONT)
             os.killpg(self.process.pid, signum)
         except ProcessLookupError:
             pass
 
     def _rescue(self) -> None:
         """The daemon vanished: make sure our command runs, whatever held it."""
+        if self._resume_child():
+            say("the daemon went away; resumed the command and keep it running")
+
+    def _resume_child(self) -> bool:
+        """Unlock the command in the driver and SIGCONT its group; False if it is gone."""
         assert self.process is not None
         from .daemon.persist import resume_locked
         from .mechanisms.base import Target
@@ -286,12 +326,12 @@ class Launcher:
         try:
             os.killpg(self.process.pid, signal.SIGCONT)
         except ProcessLookupError:
-            return
-        say("the daemon went away; resumed the command and keep it running")
+            return False
+        return True
 
     def _try_reconnect(self, selector: selectors.BaseSelector) -> None:
         try:
-            client = DaemonClient.connect(self.runtime_dir, timeout=2.0)
+            client = DaemonClient.connect(self.runtime_dir, timeout=min(2.0, daemon_timeout()))
         except GpreemptError:
             return
         try:

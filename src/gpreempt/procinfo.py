@@ -20,6 +20,8 @@ class ProcessInfo:
     #: One-letter state from /proc/PID/stat (R, S, T = stopped, Z, ...).
     state: str
     name: str
+    #: Real, effective and saved uids: who may signal it (a setuid program differs in these).
+    uids: tuple[int, int, int] = (0, 0, 0)
 
 
 def read_process(pid: int) -> ProcessInfo:
@@ -36,11 +38,13 @@ def read_process(pid: int) -> ProcessInfo:
     # The name is in parentheses and may itself contain spaces or parentheses.
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2 :].split()
-    uid = 0
+    uids = (0, 0, 0)
     for line in status.splitlines():
         if line.startswith("Uid:"):
-            uid = int(line.split()[1])
+            parts = line.split()
+            uids = (int(parts[1]), int(parts[2]), int(parts[3]))
             break
+    uid = uids[0]
     state = fields[0]
     if state in ("Z", "X"):
         raise NoSuchProcess(f"process {pid} has exited (zombie)")
@@ -52,6 +56,7 @@ def read_process(pid: int) -> ProcessInfo:
         start_time=int(fields[19]),
         state=state,
         name=name,
+        uids=uids,
     )
 
 
@@ -62,6 +67,51 @@ def alive(pid: int, start_time: int | None = None) -> bool:
     except NoSuchProcess:
         return False
     return start_time is None or info.start_time == start_time
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, its parent and so on up to pid 1 (as far as they can be read)."""
+    chain: list[int] = []
+    while pid > 1 and len(chain) < 256:
+        try:
+            pid = read_process(pid).ppid
+        except NoSuchProcess:
+            break
+        if pid <= 0:
+            break
+        chain.append(pid)
+    return chain
+
+
+def start_time_of(pid: int) -> int:
+    """Start time of ``pid`` (clock ticks since boot), from /proc/PID/stat alone (cheap)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise NoSuchProcess(f"no process with pid {pid} (it may have exited)") from None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        raise NoSuchProcess(f"process {pid} has exited (zombie)")
+    return int(fields[19])
+
+
+def open_verified(pid: int, start_time: int | None) -> int:
+    """A pidfd of ``pid``, checked to be the process that started at ``start_time``: signals
+    sent through it can never reach a process that took a recycled pid. Raises NoSuchProcess
+    if the process is gone or is another one now."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise NoSuchProcess(f"process {pid} has exited") from None
+    try:
+        started = start_time_of(pid)
+        if start_time is not None and started != start_time:
+            raise NoSuchProcess(f"process {pid} has exited (its pid now names another process)")
+    except BaseException:
+        os.close(pidfd)
+        raise
+    return pidfd
 
 
 def is_descendant(pid: int, ancestor: int) -> bool:

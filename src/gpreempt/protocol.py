@@ -6,8 +6,9 @@ A request is ``{"op": <name>, ...}``; a reply is ``{"ok": true, ...}`` or
 the ``channel`` request, and the daemon's watch lists beside its ``watch`` pushes. A message
 that carries descriptors says how many (``"nfds"``): one read from a stream socket can return
 the bytes of two messages with the second one's descriptors, and they must go to the second.
-Messages are capped at :data:`MAX_MESSAGE` bytes so a peer cannot make the daemon buffer
-without bound.
+Requests are capped at :data:`MAX_MESSAGE` bytes so a peer cannot make the daemon buffer
+without bound; replies (``status`` of a thousand tasks is about a megabyte) at
+:data:`MAX_REPLY`. Numbers must be finite: ``NaN`` and ``Infinity`` are refused with a reply.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import BY_NAME, ProtocolError, RemoteError
+from .errors import BY_NAME, DaemonUnavailable, ProtocolError, RemoteError
 
 MAX_MESSAGE = 64 * 1024
+#: Largest message a client accepts from the daemon (its replies and pushes).
+MAX_REPLY = 64 * 2**20
 MAX_FDS = 4
 
 #: Operations the daemon understands; anything else is refused with a clear error.
@@ -34,6 +37,7 @@ OPS = frozenset(
         "hold",  # manual suspend/resume of a task: target, hold
         "evict",  # manual memory eviction of a task: target
         "restore",  # bring an evicted task's memory back: target
+        "detach",  # unregister a task (resumed first): target
         "ping",  # liveness check
     }
 )
@@ -41,19 +45,27 @@ OPS = frozenset(
 Message = dict[str, Any]
 
 
-def encode(message: Message) -> bytes:
-    """One message as a line of compact JSON; refuses messages over the size cap."""
-    data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-    if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE}-byte limit")
+def encode(message: Message, limit: int = MAX_MESSAGE) -> bytes:
+    """One message as a line of compact JSON; refuses non-finite numbers and messages over
+    ``limit`` bytes."""
+    try:
+        data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    except ValueError as exc:
+        raise ProtocolError(f"cannot send a message with a non-finite number: {exc}") from None
+    if len(data) > limit:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the {limit}-byte limit")
     return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ProtocolError(f"malformed message: {name} is not a number gpreempt accepts")
 
 
 def decode(line: bytes) -> Message:
     """Parse one line into a message, or raise ProtocolError saying what was wrong."""
     try:
-        value = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = json.loads(line, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProtocolError(f"malformed message (not JSON): {exc}") from None
     if not isinstance(value, dict):
         raise ProtocolError("malformed message: expected a JSON object")
@@ -81,10 +93,13 @@ class Connection:
     """A framed, fd-passing view of a connected unix stream socket.
 
     Not thread-safe: give each thread its own connection, or guard one with a lock.
+    ``max_message``: the largest message accepted from the other end (the daemon takes
+    :data:`MAX_MESSAGE`, clients :data:`MAX_REPLY`).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_message: int = MAX_REPLY) -> None:
         self.sock = sock
+        self.max_message = max_message
         self._buffer = bytearray()
         self._fds: list[int] = []
 
@@ -116,9 +131,14 @@ class Connection:
         if not data:
             return False
         self._buffer += data
-        if len(self._buffer) > MAX_MESSAGE and b"\n" not in self._buffer:
-            raise ProtocolError(f"message exceeds the {MAX_MESSAGE}-byte limit")
+        if len(self._buffer) > self.max_message and b"\n" not in self._buffer:
+            raise ProtocolError(f"message exceeds the {self.max_message}-byte limit")
         return True
+
+    @property
+    def buffered(self) -> bool:
+        """Whether a complete message waits in the buffer."""
+        return b"\n" in self._buffer
 
     def pop(self) -> tuple[Message, list[int]] | None:
         """The next complete message and the fds that came with it, if one is buffered.
@@ -131,9 +151,15 @@ class Connection:
             return None
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
-        if len(line) > MAX_MESSAGE:
-            raise ProtocolError(f"message exceeds the {MAX_MESSAGE}-byte limit")
-        message = decode(line)
+        if len(line) > self.max_message:
+            raise ProtocolError(f"message exceeds the {self.max_message}-byte limit")
+        try:
+            message = decode(line)
+        except ProtocolError as exc:
+            exc.framing_intact = True  # type: ignore[attr-defined] - the next line is whole
+            if not self._buffer:
+                self._close_fds()
+            raise
         count = message.pop("nfds", 0)
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_FDS:
             self._close_fds()
@@ -169,9 +195,21 @@ class Connection:
                 return None
 
     def request(self, message: Message, fds: Sequence[int] = ()) -> Message:
-        """Send a request and wait for its reply (raising the daemon's refusal as an error)."""
-        self.send(message, fds)
-        item = self.receive()
+        """Send a request and wait for its reply (raising the daemon's refusal as an error).
+
+        A daemon that does not answer within the socket's timeout, or whose connection
+        breaks, raises DaemonUnavailable: never a bare socket error."""
+        try:
+            self.send(message, fds)
+            item = self.receive()
+        except TimeoutError:
+            raise DaemonUnavailable(
+                f"the daemon did not answer within {self.sock.gettimeout():g} s"
+            ) from None
+        except OSError as exc:
+            raise DaemonUnavailable(
+                f"the connection to the daemon broke: {exc.strerror or exc}"
+            ) from None
         if item is None:
             raise ProtocolError("the daemon closed the connection before replying")
         reply, extra = item

@@ -1,4 +1,4 @@
-"""``gpreempt suspend|resume|evict|restore``: manual control of one task."""
+"""``gpreempt suspend|resume|evict|restore|detach``: manual control of one task."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ _HELP = {
     "resume": "release a task held by `gpreempt suspend` (the policy decides again)",
     "evict": "move a task's GPU memory to host memory and free it (NVIDIA driver checkpoint)",
     "restore": "bring an evicted task's GPU memory back (waits for room on the GPU)",
+    "detach": "unregister a task: it is resumed and runs on, no longer preempted",
 }
 
 
@@ -31,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
             reply = client.hold(args.target, args.verb == "suspend")
         elif args.verb == "evict":
             reply = client.evict(args.target)
+        elif args.verb == "detach":
+            reply = client.detach(args.target)
+            task = reply["task"]
+            print(f"{task['name']} ({task['pid']}): detached")
+            return 0
         else:
             reply = client.restore(args.target)
     task = reply["task"]

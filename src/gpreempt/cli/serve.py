@@ -116,11 +116,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="(root only) let every user's processes register; each still acts only on its own",
     )
+    parser.add_argument(
+        "--max-user-priority",
+        default="normal",
+        metavar="PRIORITY",
+        help="with --shared: the highest priority users other than root may ask for "
+        "(default: normal)",
+    )
+    parser.add_argument(
+        "--allow-priority",
+        action="append",
+        default=[],
+        metavar="USER=PRIORITY",
+        help="with --shared: let USER (a name or uid) ask for priorities up to PRIORITY; "
+        "repeat for several users",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..daemon.limits import Limits, parse_allowance
     from ..daemon.server import Daemon
+    from ..priority import parse_priority
 
     for flag, value in (
         ("--inflight-budget-ms", args.inflight_budget_ms),
@@ -131,8 +148,14 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= value < math.inf:  # also refuses nan
             unit = "s" if flag.endswith("-s") else "ms"
             raise UsageError(f"{flag} must be a finite number of {unit}, 0 or more, not {value:g}")
+    limits = Limits(
+        shared=args.shared,
+        max_user_priority=parse_priority(args.max_user_priority),
+        allowed=dict(parse_allowance(text) for text in args.allow_priority),
+    )
     daemon = Daemon(
         resolve_runtime_dir(args.runtime_dir),
+        limits=limits,
         policy=args.policy,
         shared=args.shared,
         metrics_port=args.metrics_port,

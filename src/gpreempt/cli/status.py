@@ -54,6 +54,12 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
         + f", {escape(str(daemon['runtime_dir']))}"
         + ("" if daemon.get("lock_available") else "  (driver lock unavailable: signal/gate only)")
     )
+    failed = (daemon.get("event_write_failures") or 0) + (daemon.get("state_write_failures") or 0)
+    if failed:
+        console.print(
+            f"[yellow]{failed} writes to the runtime directory failed[/yellow] "
+            f"(last: {escape(str(daemon.get('last_write_error')))}); the daemon goes on"
+        )
     tasks = reply["tasks"]
     if not tasks:
         console.print("no tasks registered")

@@ -87,6 +87,10 @@ class DaemonClient:
     def restore(self, target: str | int) -> Message:
         return self.request("restore", target=str(target))
 
+    def detach(self, target: str | int) -> Message:
+        """Unregister a task (by pid or name): the daemon resumes it and forgets it."""
+        return self.request("detach", target=str(target))
+
     def close(self) -> None:
         self.connection.close()
 

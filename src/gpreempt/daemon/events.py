@@ -11,6 +11,10 @@ events (270 kB) a second (benchmarks/gate-frontier/2026-11-22-h200/run28/bench/b
 1 GB an hour, and the runtime directory often lives in memory. So the log
 is rotated: past ``max_bytes`` it becomes ``events.jsonl.1`` (replacing the previous one) and
 a new ``events.jsonl`` begins; at most twice ``max_bytes`` is kept.
+
+A log that cannot be written (a full disk, a deleted directory) never stops the daemon: the
+records that could not be written are counted (:attr:`EventLog.failed`, shown by ``status``)
+and the daemon goes on.
 """
 
 from __future__ import annotations
@@ -59,26 +63,67 @@ class EventLog:
     def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        #: Records that could not be written, and why the last one could not.
+        self.failed = 0
+        self.last_error: str | None = None
+        self._fd = -1
+        self._size = 0
         self._open()
         self._held: list[dict[str, Any]] | None = None
 
     def _open(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        """(Re)open the log file; on failure, count it and write nothing until it opens."""
+        try:
+            fd = os.open(
+                self.path,
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
+                0o600,
+            )
+        except OSError as exc:
+            self.last_error = f"cannot open {self.path}: {exc.strerror or exc}"
+            return
         self._size = os.fstat(fd).st_size
-        self._file: IO[str] = os.fdopen(fd, "a", buffering=1)
+        self._fd = fd
 
-    def _append(self, text: str) -> None:
-        """Write whole lines (ASCII: ``json.dumps`` escapes the rest), rotating after them."""
-        self._file.write(text)
-        self._size += len(text)
+    def reopen(self) -> None:
+        """Start writing to whatever file the path names now (a recreated directory)."""
+        self._close_fd()
+        self._open()
+
+    def _append(self, text: str, records: int = 1) -> None:
+        """Write whole lines (ASCII: ``json.dumps`` escapes the rest), rotating after them.
+        Never raises: what cannot be written is counted."""
+        if self._fd < 0:
+            self._open()
+            if self._fd < 0:
+                self.failed += records
+                return
+        data = text.encode()
+        try:
+            written = os.write(self._fd, data)
+        except OSError as exc:
+            self.failed += records
+            self.last_error = f"cannot write {self.path}: {exc.strerror or exc}"
+            return
+        if written < len(data):  # disk full mid-line: end the torn line so readers skip it
+            self.failed += records
+            self.last_error = f"cannot write {self.path}: short write (disk full?)"
+            with contextlib.suppress(OSError):
+                os.write(self._fd, b"\n")
+        self._size += written
         if self._size > self.max_bytes:
             try:
                 os.replace(self.path, rotated_path(self.path))
             except OSError:
                 self._size = 0  # keep writing here; try again after another max_bytes
                 return
-            self._file.close()
-            self._open()
+            self.reopen()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -93,7 +138,7 @@ class EventLog:
         finally:
             held, self._held = self._held, None
             if held:
-                self._append("".join(_line(r) for r in held))
+                self._append("".join(_line(r) for r in held), len(held))
 
     def write(
         self,
@@ -128,11 +173,11 @@ class EventLog:
         return record
 
     def close(self) -> None:
-        self._file.close()
+        self._close_fd()
 
 
 def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
+    return json.dumps(record, separators=(",", ":"), default=str) + "\n"
 
 
 def parse_event(line: str) -> dict[str, Any] | None:

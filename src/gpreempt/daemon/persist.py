@@ -3,6 +3,11 @@
 Written on every change of the suspended set, so that a daemon killed with SIGKILL can be
 replaced by one that resumes those processes. A process is identified by its pid *and* its
 start time, so a recycled pid is never signalled.
+
+Also kept: the tasks registered with ``attach`` (``attached.json``), which no launcher or
+in-process client would register again, so that a restarted daemon goes on preempting them.
+A failed write (a full disk) raises OSError for the daemon to count; it never corrupts the
+previous file, which is replaced only by a complete new one.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import os
 import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import GpreemptError
 from ..mechanisms.base import Target
 from ..mechanisms.cuda_driver import try_driver
-from ..procinfo import alive
+from ..procinfo import alive, open_verified
 
 
 @dataclass(frozen=True)
@@ -30,27 +36,79 @@ class SuspendedRecord:
     name: str
 
 
-def save(path: Path, records: list[SuspendedRecord]) -> None:
-    """Atomically replace the state file."""
+@dataclass(frozen=True)
+class AttachedRecord:
+    """A task registered with ``attach``: what registers it again after a restart."""
+
+    pid: int
+    start_time: int
+    uid: int
+    name: str
+    priority: int
+    gpus: list[int]
+    mechanism: str
+    always_active: bool
+    timeslice_ms: float | None
+    min_share: float | None
+    reserve_bytes: int
+
+
+ATTACHED_NAME = "attached.json"
+
+
+def save(path: Path, records: list[Any]) -> None:
+    """Atomically replace the state file (records: dataclasses). Raises OSError on failure,
+    leaving the previous file as it was."""
     tmp = path.with_suffix(".tmp")
-    data = json.dumps([asdict(r) for r in records], indent=1)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(data)
+    data = json.dumps([asdict(r) for r in records], indent=1).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
 
 
-def load(path: Path) -> list[SuspendedRecord]:
+def _load_raw(path: Path) -> list[Any]:
     try:
-        raw = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            raw = json.loads(f.read(16 * 2**20))
+    except (OSError, ValueError):
         return []
+    return raw if isinstance(raw, list) else []
+
+
+def load(path: Path) -> list[SuspendedRecord]:
     records = []
-    for item in raw if isinstance(raw, list) else []:
+    for item in _load_raw(path):
         try:
             records.append(SuspendedRecord(**item))
         except TypeError:
             continue
+    return records
+
+
+def load_attached(path: Path) -> list[AttachedRecord]:
+    """The attached tasks a previous daemon recorded (malformed entries skipped)."""
+    records = []
+    for item in _load_raw(path):
+        try:
+            record = AttachedRecord(**item)
+        except TypeError:
+            continue
+        if all(
+            isinstance(v, int) and not isinstance(v, bool)
+            for v in (record.pid, record.start_time, record.uid, record.priority)
+        ):
+            records.append(record)
     return records
 
 
@@ -77,11 +135,16 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
             if record.pgid:
                 os.killpg(record.pgid, signal.SIGCONT)
             else:
-                os.kill(record.pid, signal.SIGCONT)
+                pidfd = open_verified(record.pid, record.start_time)
+                try:
+                    signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+                finally:
+                    os.close(pidfd)
             outcomes.append((record, "resumed"))
         except (OSError, GpreemptError) as exc:
             outcomes.append((record, f"failed: {exc}"))
-    save(path, [])
+    with contextlib.suppress(OSError):  # a full disk: the next write tries again
+        save(path, [])
     return outcomes
 
 

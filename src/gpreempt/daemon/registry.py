@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +110,21 @@ class Task:
         """The fields that name this task in an event log record."""
         return {"task": self.name, "task_id": self.task_id, "pid": self.pid, "gpu": self.gpu}
 
-    def target(self) -> Target:
+    #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
+    #: registers it again from its persisted state.
+    attached: bool = False
+    #: A pidfd of its process, opened at registration once its start time was checked
+    #: (None where pidfds are unavailable); closed when the task ends.
+    pidfd: int | None = None
+
+    def target(self, whole_group: bool = True) -> Target:
+        """What a mechanism acts on; ``whole_group`` False: the process alone, even if it
+        leads a group (some member of which belongs to another user)."""
         control = next(iter(self.controls.values()), None)
-        return Target(pid=self.pid, pgid=self.pgid, control=control)
+        pgid = self.pgid if whole_group else None
+        return Target(
+            pid=self.pid, pgid=pgid, control=control, start_time=self.start_time, pidfd=self.pidfd
+        )
 
     def view(self, now: float | None = None) -> TaskView:
         """The task for the policy, with its activity as the daemon last observed it."""
@@ -195,23 +209,60 @@ class Registry:
     def add(self, task: Task) -> None:
         self.tasks[task.task_id] = task
 
+    def add_pidfd(self, task: Task) -> None:
+        """Open the pidfd of ``task``'s process, checked against its start time."""
+        from ..procinfo import open_verified
+
+        try:
+            task.pidfd = open_verified(task.pid, task.start_time)
+        except (OSError, AttributeError):
+            task.pidfd = None  # no pidfds here: signals check the start time each time
+
     def remove(self, task_id: int) -> Task | None:
-        return self.tasks.pop(task_id, None)
+        task = self.tasks.pop(task_id, None)
+        if task is not None and task.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(task.pidfd)
+            task.pidfd = None
+        return task
 
     def by_pid(self, pid: int) -> Task | None:
         return next((t for t in self.tasks.values() if t.pid == pid), None)
 
-    def find(self, target: str) -> Task:
-        """The task named ``target``, or whose pid or task id it is."""
+    def count_of(self, uid: int) -> int:
+        """Tasks of ``uid``."""
+        return sum(1 for t in self.tasks.values() if t.uid == uid)
+
+    def name_taken(self, name: str, uid: int) -> Task | None:
+        """The task of ``uid`` already named ``name``, if any (names are unique per owner)."""
+        return next((t for t in self.tasks.values() if t.uid == uid and t.name == name), None)
+
+    def free_name(self, name: str, uid: int) -> str:
+        """``name``, or ``name-2``, ``name-3``... : the first no task of ``uid`` uses."""
+        candidate, n = name, 1
+        while self.name_taken(candidate, uid) is not None:
+            n += 1
+            candidate = f"{name}-{n}"
+        return candidate
+
+    def find(self, target: str, uid: int | None = None) -> Task:
+        """The task whose pid ``target`` is, else the one named ``target``: among ``uid``'s
+        own tasks first, so that no other user's task name can shadow them."""
         text = str(target).strip()
-        matches = [t for t in self.tasks.values() if t.name == text]
-        if not matches and text.isdigit():
+        matches: list[Task] = []
+        if text.isdigit():
             number = int(text)
             matches = [t for t in self.tasks.values() if t.pid == number]
+        if not matches and uid is not None:
+            matches = [t for t in self.tasks.values() if t.name == text and t.uid == uid]
+        if not matches:
+            matches = [t for t in self.tasks.values() if t.name == text]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
             pids = ", ".join(str(t.pid) for t in matches)
             raise NoSuchTask(f"{len(matches)} tasks are named {text!r} (pids {pids}): use a pid")
         known = ", ".join(sorted(f"{t.name} ({t.pid})" for t in self.tasks.values())) or "none"
+        if len(self.tasks) > 20:
+            known = f"{len(self.tasks)} tasks (see `gpreempt status`)"
         raise NoSuchTask(f"no task named or with pid {text!r}; registered tasks: {known}")

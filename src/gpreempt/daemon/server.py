@@ -5,6 +5,11 @@ client doorbells (eventfds) and a self-pipe for signals. After every change it a
 policy which tasks should be suspended and suspends or resumes the difference. Requests
 are small and rare (registration, activity changes, status), so one thread keeps the state
 simple and every decision ordered.
+
+So that one thread can serve clients it cannot trust, nothing a client does may block it or
+stop it: replies go out through bounded non-blocking queues (outbox.py), each client and each
+user is held to limits (limits.py), every step of the loop runs inside its error handling,
+and failed writes to the disk are counted, never fatal.
 """
 
 from __future__ import annotations
@@ -44,16 +49,31 @@ from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
 from ..policy.watch import waited_for, watch_lists
 from ..priority import parse_priority
 from ..procinfo import alive, is_descendant, pid_seen_by_peer, read_process
-from ..protocol import MAX_FDS, OPS, Connection, Message, error_reply
+from ..protocol import (
+    MAX_FDS,
+    MAX_MESSAGE,
+    MAX_REPLY,
+    OPS,
+    Connection,
+    Message,
+    encode,
+    error_reply,
+)
+from ..runtime_dir import FileIdentity
+from . import limits as bounds
 from . import persist
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .events import EventLog
+from .identity import GroupCensus, clean_name, protected_pids
+from .limits import Limits
+from .outbox import Outbox
 from .registry import Registry, Task
 
 #: How often the loop checks that tasks' processes still exist.
 LIVENESS_PERIOD_S = 0.2
-MAX_NAME = 128
 MAX_GPUS = 64
+#: How long the daemon stops accepting after running out of descriptors.
+ACCEPT_PAUSE_S = 0.1
 #: Watch list versions run from 1 to this, then start again (gate_closed holds twice one).
 MAX_WATCH_VERSION = 2**31 - 1
 
@@ -76,6 +96,14 @@ class Peer:
     watching: tuple[tuple[int, int], ...] = ()
     #: The version of that list, sent with it (0: none sent yet).
     watch_version: int = 0
+    #: Start time of the process that connected (None: it was gone already).
+    start_time: int | None = None
+    #: Replies and pushes not yet written (set when the peer is accepted).
+    outbox: Outbox | None = None
+    #: Monotonic time before which its requests are not read (its user sent too many).
+    paused_until: float = 0.0
+    #: What the selector waits for on its socket now (0: nothing, its requests wait).
+    interest: int = selectors.EVENT_READ
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -103,6 +131,7 @@ class Daemon:
         turn_ms: float = DEFAULT_TURN_MS,
         sleep_after_s: float = DEFAULT_SLEEP_AFTER_S,
         log: Callable[[str], None] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
         self.policy_name = policy
@@ -143,37 +172,29 @@ class Daemon:
         self.dirty = False
         #: What the state file holds now (None: not written yet).
         self._persisted: list[persist.SuspendedRecord] | None = None
+        self._attached: list[persist.AttachedRecord] | None = None
+        #: Writes of the state files that failed (a full disk), and the last reason.
+        self.state_write_failures = 0
+        self.last_state_error: str | None = None
+        self.limits = limits or Limits(shared=shared)
+        self.limits.shared = shared
+        #: Which process groups hold only their owner's processes, this scheduling pass.
+        self._census = GroupCensus()
+        #: Peers with complete requests left in their buffer, or paused by their user's rate.
+        self._backlog: dict[int, Peer] = {}
+        self._accept_paused_until = 0.0
+        self._protected: frozenset[int] = frozenset({1, os.getpid()})
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Take the runtime directory: lock, socket, event log, leftovers of a dead daemon."""
         if self.shared and os.getuid() != 0:
             raise UsageError("--shared serves every user and needs root")
-        ensure_private_dir(self.runtime_dir)
-        if self.shared:
-            os.chmod(self.runtime_dir, 0o755)
-        lock_path = self.runtime_dir / LOCK_NAME
-        try:
-            self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise UsageError(
-                f"cannot write in runtime directory {self.runtime_dir}: {exc}"
-            ) from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            other = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(self._lock_fd)
-            raise DaemonAlreadyRunning(
-                f"another gpreempt daemon (pid {other}) already serves {self.runtime_dir}; "
-                "stop it first, or use another --runtime-dir"
-            ) from None
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        self.limits.size_for_fd_limit(bounds.raise_fd_limit())
+        self._protected = protected_pids()
+        self._lock_fd = self._take_lock()
         if self.metrics_port is not None:
-            self._start_metrics(lock_path)
+            self._start_metrics(self.runtime_dir / LOCK_NAME)
 
         self.mechanisms = MechanismSet(self.lock_timeout_ms)
         from .memory import MemoryManager
@@ -181,6 +202,7 @@ class Daemon:
         self.memory = MemoryManager(self)
         self.events = EventLog(self.runtime_dir / EVENTS_NAME)
         self.state_path = self.runtime_dir / STATE_NAME
+        self.attached_path = self.runtime_dir / persist.ATTACHED_NAME
         for record, outcome in persist.resume_leftovers(self.state_path):
             self.events.write(
                 "resume",
@@ -192,16 +214,7 @@ class Daemon:
             self.log(f"process {record.pid} ({record.name}) left suspended: {outcome}")
 
         path = self.runtime_dir / SOCKET_NAME
-        if path.exists() or path.is_symlink():
-            path.unlink()  # stale: we hold the lock, so no live daemon owns it
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177 if not self.shared else 0o111)
-        try:
-            self.listener.bind(str(path))
-        finally:
-            os.umask(old_umask)
-        self.listener.listen(64)
-        self.listener.setblocking(False)
+        self.listener = self._listen()
         self.selector.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -212,6 +225,7 @@ class Daemon:
             signal.signal(signum, self._on_signal)
 
         self.events.write("daemon-start", reason=f"policy {self.policy_name}", pid=os.getpid())
+        self._reattach()
         self.log(f"serving {path} (policy {self.policy_name})")
 
     def _start_metrics(self, lock_path: Path) -> None:
@@ -230,64 +244,153 @@ class Daemon:
             raise
         self.log(f"metrics on http://{self.metrics_addr}:{self.metrics.port}/metrics")
 
+    def _take_lock(self) -> int:
+        """Check the runtime directory (runtime_dir.py) and take its lock file, never through
+        a symlink; record what the directory, lock and socket paths name, to notice when
+        they are deleted or replaced."""
+        ensure_private_dir(self.runtime_dir, shared=self.shared)
+        lock_path = self.runtime_dir / LOCK_NAME
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot open {lock_path}: {exc.strerror or exc} (a symbolic link is never "
+                "followed); remove it, or use another --runtime-dir"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UsageError(f"cannot lock {lock_path}: {exc.strerror}") from None
+            raise DaemonAlreadyRunning(
+                f"another gpreempt daemon (pid {other}) already serves {self.runtime_dir}; "
+                "stop it first, or use another --runtime-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._dir_identity = FileIdentity.of(self.runtime_dir)
+        self._lock_identity = FileIdentity.of(lock_path)
+        return fd
+
+    def _listen(self) -> socket.socket:
+        """Bind the socket (replacing a stale one: we hold the lock) and listen."""
+        path = self.runtime_dir / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # stale: we hold the lock, so no live daemon owns it
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177 if not self.shared else 0o111)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        listener.listen(256)
+        listener.setblocking(False)
+        self._socket_identity = FileIdentity.of(path)
+        return listener
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stopping = True
 
     def serve_forever(self) -> None:
         try:
             while not self._stopping:
-                timeout = LIVENESS_PERIOD_S
-                if self.wake_at is not None:
-                    timeout = max(0.0, min(timeout, self.wake_at - time.monotonic()))
-                for key, _mask in self.selector.select(timeout):
-                    kind, data = key.data
-                    try:
-                        if kind == "listen":
-                            self._accept()
-                        elif kind == "peer":
-                            self._on_readable(data)
-                        elif kind == "doorbell":
-                            self._on_doorbell(data)
-                        elif kind == "wake":
-                            self._drain_wake()
-                    except Exception as exc:  # one bad client must not take the daemon down
-                        self.log(f"error handling {kind}: {exc!r}")
-                        if kind == "peer":
-                            self._drop_peer(data)
-                now = time.monotonic()
-                if now - self._last_liveness >= LIVENESS_PERIOD_S:
-                    self._last_liveness = now
-                    self._check_liveness()
-                if self.dirty or (self.wake_at is not None and now >= self.wake_at):
-                    self.dirty = False
-                    self.reconcile()
+                self._serve_once()
         finally:
             self.shutdown()
 
+    def _serve_once(self) -> None:
+        """One turn of the loop: whatever is ready, then the periodic checks. Every step is
+        guarded: an error is logged and the daemon goes on."""
+        now = time.monotonic()
+        timeout = LIVENESS_PERIOD_S
+        if self.wake_at is not None:
+            timeout = max(0.0, min(timeout, self.wake_at - now))
+        if self._backlog:
+            ready_at = min(p.paused_until for p in self._backlog.values())
+            timeout = max(0.0, min(timeout, ready_at - now))
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._guarded("listen", self._resume_accepting)
+        for key, mask in self.selector.select(timeout):
+            kind, data = key.data
+            self._census = GroupCensus()
+            if kind == "peer" and mask & selectors.EVENT_WRITE:
+                self._guarded(kind, self._on_writable, data)
+                if data.conn_id not in self.peers or not mask & selectors.EVENT_READ:
+                    continue
+            handler = {
+                "listen": self._accept,
+                "peer": self._on_readable,
+                "doorbell": self._on_doorbell,
+                "wake": self._drain_wake,
+            }[kind]
+            self._guarded(kind, handler, *(() if data is None else (data,)))
+        if self._backlog:
+            self._census = GroupCensus()
+            now = time.monotonic()
+            for peer in list(self._backlog.values()):
+                if peer.paused_until <= now and peer.conn_id in self.peers:
+                    self._guarded("peer", self._serve_backlog, peer)
+        now = time.monotonic()
+        if now - self._last_liveness >= LIVENESS_PERIOD_S:
+            self._last_liveness = now
+            self._census = GroupCensus()
+            self._guarded("liveness", self._check_liveness)
+            self._guarded("runtime directory", self._check_runtime_dir)
+        if self.dirty or (self.wake_at is not None and now >= self.wake_at):
+            self.dirty = False
+            self._census = GroupCensus()
+            self._guarded("scheduling", self.reconcile)
+
+    def _guarded(self, kind: str, step: Callable[..., Any], *args: Any) -> None:
+        """Run one step of the loop; a failure is logged (and a failing client dropped), never
+        fatal: one bad client or one full disk must not take the daemon down."""
+        try:
+            step(*args)
+        except Exception as exc:
+            self.log(f"error handling {kind}: {exc!r}")
+            if kind in ("peer", "doorbell") and args and isinstance(args[0], Peer):
+                with contextlib.suppress(Exception):
+                    self._drop_peer(args[0])
+
     def shutdown(self) -> None:
-        """Resume every suspended task, then release the runtime directory."""
+        """Resume every suspended task, then release the runtime directory. Each step is
+        guarded: whatever fails (a full disk, a lost directory), every task is resumed."""
         for task in list(self.registry.tasks.values()):
             task.held = False
-            if task.evicted:
-                try:
-                    restored = self.memory.restore(task, reason="daemon stopping")
-                except GpreemptError:
-                    restored = False
-                if not restored:
-                    self.log(
-                        f"{task.name} stays evicted (no room to restore it); restore it "
-                        "with `gpreempt restore` under a new daemon"
-                    )
-                    continue
-            if task.suspended:
-                self._resume(task, reason="daemon stopping")
-        self.backstop.finish()
-        self._persist()
+            try:
+                if task.evicted:
+                    try:
+                        restored = self.memory.restore(task, reason="daemon stopping")
+                    except GpreemptError:
+                        restored = False
+                    if not restored:
+                        self.log(
+                            f"{task.name} stays evicted (no room to restore it); restore it "
+                            "with `gpreempt restore` under a new daemon"
+                        )
+                        continue
+                if task.suspended:
+                    self._resume(task, reason="daemon stopping")
+            except Exception as exc:
+                self.log(f"error resuming {task.name} on shutdown: {exc!r}")
+        for step in (self.backstop.finish, self._persist, self._persist_attached):
+            try:
+                step()
+            except Exception as exc:
+                self.log(f"error on shutdown: {exc!r}")
         self.events.write("daemon-stop", pid=os.getpid())
         for peer in list(self.peers.values()):
+            if peer.outbox is not None:
+                with contextlib.suppress(OSError):
+                    peer.outbox.flush()
+                peer.outbox.discard()
             peer.connection.close()
-        with contextlib.suppress(FileNotFoundError):
-            (self.runtime_dir / SOCKET_NAME).unlink()
+        path = self.runtime_dir / SOCKET_NAME
+        if FileIdentity.of(path) == self._socket_identity:  # never another daemon's socket
+            with contextlib.suppress(OSError):
+                path.unlink()
         self.listener.close()
         signal.set_wakeup_fd(-1)
         self.events.close()
@@ -297,13 +400,54 @@ class Daemon:
 
     # ------------------------------------------------------------------ connections
     def _accept(self) -> None:
+        """Accept what is waiting (a bounded number per turn). Out of descriptors, stop
+        accepting for a moment rather than spin; over a limit, say so and close."""
+        for _ in range(64):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.log(f"cannot accept connections for now: {exc.strerror}")
+                    self._pause_accepting()
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue
+                raise
+            self._admit(sock)
+
+    def _pause_accepting(self) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+
+    def _resume_accepting(self) -> None:
+        self._accept_paused_until = 0.0
+        self.selector.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+    def _admit(self, sock: socket.socket) -> None:
         try:
-            sock, _ = self.listener.accept()
-        except BlockingIOError:
+            pid, uid, _gid = peer_credentials(sock)
+        except OSError:
+            sock.close()
             return
-        pid, uid, _gid = peer_credentials(sock)
-        sock.settimeout(2.0)
-        peer = Peer(self._next_conn, Connection(sock), pid, uid)
+        per_uid = sum(1 for p in self.peers.values() if p.uid == uid)
+        refusal = self.limits.check_connection(uid, per_uid, len(self.peers))
+        if refusal is not None:
+            with contextlib.suppress(OSError):
+                sock.setblocking(False)
+                sock.send(encode(error_reply(UsageError(refusal))))
+            sock.close()
+            return
+        sock.setblocking(False)
+        try:
+            start_time: int | None = read_process(pid).start_time
+        except GpreemptError:
+            start_time = None
+        peer = Peer(self._next_conn, Connection(sock, MAX_MESSAGE), pid, uid)
+        peer.start_time = start_time
+        peer.outbox = Outbox(sock)
         self._next_conn += 1
         self.peers[peer.conn_id] = peer
         self.selector.register(sock, selectors.EVENT_READ, ("peer", peer))
@@ -315,37 +459,133 @@ class Daemon:
             self._reply(peer, error_reply(exc))
             self._drop_peer(peer)
             return
+        except (BlockingIOError, InterruptedError):
+            open_ = True
         except OSError:
             open_ = False
-        while True:
+        if not open_:
+            # what it sent before closing is still served (a launcher's last words)
+            self._serve_backlog(peer)
+            self._drop_peer(peer)
+            return
+        self._serve_backlog(peer)
+
+    def _serve_backlog(self, peer: Peer) -> None:
+        """Handle up to MESSAGES_PER_TURN buffered requests of ``peer``, within its user's
+        message rate; leave the rest for the next turns, the other clients' first."""
+        self._backlog.pop(peer.conn_id, None)
+        try:
+            self._serve_some(peer)
+        finally:
+            self._set_interest(peer)
+
+    def _serve_some(self, peer: Peer) -> None:
+        for _ in range(bounds.MESSAGES_PER_TURN):
+            if peer.conn_id not in self.peers:
+                return
+            if peer.outbox:
+                return  # it reads no replies: read no more of its requests until it does
+            if not peer.connection.buffered:
+                return
+            wait_until = self.limits.allow_message(peer.uid, time.monotonic())
+            if wait_until is not None:
+                peer.paused_until = wait_until
+                self._backlog[peer.conn_id] = peer
+                return
             try:
                 item = peer.connection.pop()
             except ProtocolError as exc:
                 self._reply(peer, error_reply(exc))
-                self._drop_peer(peer)
-                return
+                if not getattr(exc, "framing_intact", False):
+                    self._drop_peer(peer)
+                    return
+                continue  # one malformed line: the next one is whole
             if item is None:
-                break
+                return
             message, fds = item
             reply = self._handle(peer, message, fds)
             self._reply(peer, reply)
             if message.get("op") == "channel" and reply.get("ok"):
                 peer.channel_ready = True
                 self._update_watches(force=True)
-        if not open_:
-            self._drop_peer(peer)
+        if peer.conn_id in self.peers and peer.connection.buffered and not peer.outbox:
+            peer.paused_until = 0.0
+            self._backlog[peer.conn_id] = peer
 
     def _reply(self, peer: Peer, reply: Message) -> None:
         try:
-            peer.connection.send(reply)
-        except (OSError, ProtocolError):
-            pass  # the client is gone; its connection is dropped on the next read
+            data = encode(reply, MAX_REPLY)
+        except ProtocolError as exc:
+            data = encode(error_reply(exc))
+        self._queue(peer, data)
+
+    def _queue(self, peer: Peer, data: bytes, fds: list[int] | None = None) -> None:
+        """Send ``data`` (and ``fds``, whose ownership passes here) to ``peer`` without
+        blocking: what the socket does not take now waits in its bounded outbox; a peer
+        that lets it overflow is dropped."""
+        outbox = peer.outbox
+        if outbox is None or peer.conn_id not in self.peers:
+            for fd in fds or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            return
+        if not outbox.put(data, fds or ()):
+            self.log(f"dropping client {peer.pid} (uid {peer.uid}): it does not read replies")
+            self._drop_peer(peer)
+            return
+        try:
+            done = outbox.flush()
+        except OSError:
+            return  # gone: dropped when its socket reads as closed
+        if not done:
+            self._set_interest(peer)
+
+    def _on_writable(self, peer: Peer) -> None:
+        assert peer.outbox is not None
+        try:
+            done = peer.outbox.flush()
+        except OSError:
+            self._drop_peer(peer)
+            return
+        if done and peer.connection.buffered:
+            self._backlog[peer.conn_id] = peer
+        self._set_interest(peer)
+
+    def _set_interest(self, peer: Peer) -> None:
+        """What to wait for on ``peer``'s socket: while replies wait, for it to take them
+        (reading nothing more: its requests would only add replies); while requests of it
+        wait in its buffer (its turn, or its user's rate), for nothing; else for requests."""
+        if peer.conn_id not in self.peers:
+            return
+        if peer.outbox:
+            wanted = selectors.EVENT_WRITE
+        elif peer.conn_id in self._backlog:
+            wanted = 0
+        else:
+            wanted = selectors.EVENT_READ
+        if wanted == peer.interest:
+            return
+        sock = peer.connection.sock
+        with contextlib.suppress(KeyError, ValueError):
+            if peer.interest == 0:
+                self.selector.register(sock, wanted, ("peer", peer))
+            elif wanted == 0:
+                self.selector.unregister(sock)
+            else:
+                self.selector.modify(sock, wanted, ("peer", peer))
+        peer.interest = wanted
 
     def _drop_peer(self, peer: Peer) -> None:
         if self.peers.pop(peer.conn_id, None) is None:
             return
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(peer.connection.sock)
+        self._backlog.pop(peer.conn_id, None)
+        if peer.interest:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(peer.connection.sock)
+        if peer.outbox is not None:
+            with contextlib.suppress(OSError):
+                peer.outbox.flush()  # a last error reply, if the socket takes it
+            peer.outbox.discard()
         changed = False
         if peer.control is not None:
             with contextlib.suppress(KeyError, ValueError):
@@ -367,8 +607,10 @@ class Daemon:
             self.reconcile()
 
     def _on_doorbell(self, peer: Peer) -> None:
-        if peer.control is not None:
-            peer.control.drain_doorbell()
+        if peer.control is not None and not peer.control.drain_doorbell():
+            self.log(f"dropping client {peer.pid}: its doorbell does not reset")
+            self._drop_peer(peer)
+            return
         self.reconcile()
 
     def _drain_wake(self) -> None:
@@ -388,6 +630,8 @@ class Daemon:
                 raise ProtocolError(f"unknown op {op!r}: expected one of {', '.join(sorted(OPS))}")
             handler = getattr(self, f"_op_{op}")
             return {"ok": True, **handler(peer, message, fds)}
+        except bounds.BadField as exc:
+            return error_reply(UsageError(f"bad {op!r} request: {exc}"))
         except GpreemptError as exc:
             return error_reply(exc)
         except (TypeError, ValueError, KeyError) as exc:
@@ -408,24 +652,43 @@ class Daemon:
             )
 
     def _op_register(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        pid = pid_seen_by_peer(int(message["pid"]), peer.pid)  # a container names its own
+        claimed = bounds.whole(message.get("pid"), "pid", 1, bounds.MAX_PID)
+        pid = pid_seen_by_peer(claimed, peer.pid)  # a container names its own
+        info = self._registrable(peer, pid)
+        existing = self.registry.by_pid(pid)
+        if existing is not None:
+            raise UsageError(f"process {pid} is already registered as task {existing.name!r}")
+        owned = bounds.flag(message.get("owned"), "owned")
+        task = self._add_task(peer, info, message, owned=owned)
+        if not owned:
+            task.attached = True
+            self._persist_attached()
+        self.reconcile()
+        return {"task": task.describe(time.monotonic())}
+
+    def _registrable(self, peer: Peer | None, pid: int) -> Any:
+        """The process ``pid``, once checked: not one the daemon must never stop, the
+        caller's own (or the caller is root), and one this daemon can act on."""
         info = read_process(pid)
-        self._check_owner(peer, info.uid, f"process {pid}")
+        if peer is not None:
+            self._check_owner(peer, info.uid, f"process {pid}")
+        if pid in self._protected:
+            what = "init" if pid == 1 else "this daemon or one of its ancestors"
+            raise PermissionDenied(
+                f"process {pid} is {what}: stopping it would stop the daemon; not registered"
+            )
         if os.getuid() != 0 and info.uid != os.getuid():
             raise PermissionDenied(
                 f"this daemon runs as uid {os.getuid()} and cannot preempt process {pid} of uid "
                 f"{info.uid}; run the daemon as root or as that user"
             )
-        existing = self.registry.by_pid(pid)
-        if existing is not None:
-            raise UsageError(f"process {pid} is already registered as task {existing.name!r}")
-        task = self._add_task(peer, info, message, owned=bool(message.get("owned")))
-        self.reconcile()
-        return {"task": task.describe(time.monotonic())}
+        return info
 
     def _add_task(self, peer: Peer, info: Any, message: Message, owned: bool) -> Task:
         """Register a task; ``owned``: it ends when this peer's connection closes."""
+        self.limits.check_task_count(info.uid, self.registry.count_of(info.uid))
         task = self._new_task(peer, info, message)
+        self.registry.add_pidfd(task)
         self.registry.add(task)
         if owned:
             task.owner = peer.conn_id
@@ -435,30 +698,46 @@ class Daemon:
         )
         return task
 
-    def _new_task(self, peer: Peer, info: Any, message: Message) -> Task:
-        name = str(message.get("name") or info.name)[:MAX_NAME]
-        gpus = tuple(int(g) for g in message.get("gpus") or (0,))
-        if not gpus or len(gpus) > MAX_GPUS or any(g < 0 for g in gpus):
-            raise UsageError(f"bad GPU list {list(gpus)}: give non-negative indexes")
-        mechanism = str(message.get("mechanism") or "auto")
+    def _new_task(self, peer: Peer | None, info: Any, message: Message) -> Task:
+        """A task for process ``info`` from the fields of ``message``, each checked for its
+        type and range (limits.py); the name escaped and unique among its owner's tasks."""
+        given = bounds.text(message.get("name"), "name")
+        name = clean_name(given or info.name) or str(info.pid)
+        if given and self.registry.name_taken(name, info.uid) is not None:
+            taken = self.registry.name_taken(name, info.uid)
+            assert taken is not None
+            raise UsageError(
+                f"you already have a task named {name!r} (pid {taken.pid}); give another name"
+            )
+        name = self.registry.free_name(name, info.uid)
+        raw_gpus = message.get("gpus")
+        if raw_gpus is None:
+            raw_gpus = [0]
+        if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
+            raise UsageError(f"gpus must be a list of 1 to {MAX_GPUS} GPU indexes")
+        gpus = tuple(bounds.whole(g, "a GPU index", 0, bounds.MAX_GPU_INDEX) for g in raw_gpus)
+        mechanism = bounds.text(message.get("mechanism"), "mechanism") or "auto"
         chosen = self.mechanisms.get(mechanism)  # refuses mechanisms this machine lacks
-        if message.get("check"):  # a running process: check now that it can be preempted
-            chosen.check(Target(pid=info.pid))
+        if bounds.flag(message.get("check"), "check"):  # a running process: check it now
+            chosen.check(Target(pid=info.pid, start_time=info.start_time))
         timeslice = message.get("timeslice_ms")
+        if timeslice is not None:
+            low, high = bounds.TIMESLICE_MS_RANGE
+            timeslice = bounds.number(timeslice, "--timeslice-ms", low, high)
         min_share = message.get("min_share")
-        if timeslice is not None and not float(timeslice) > 0:
-            raise UsageError(f"--timeslice-ms must be > 0, got {timeslice}")
-        if min_share is not None and not 0 < float(min_share) <= 1:
-            raise UsageError(f"--min-share must be in (0, 1], got {min_share}")
-        reserve = int(message.get("reserve_bytes") or 0)
-        if reserve < 0:
-            raise UsageError("--reserve-memory must be >= 0")
+        if min_share is not None:
+            min_share = bounds.number(min_share, "--min-share", 0, 1, open_low=True)
+        reserve = message.get("reserve_bytes") or 0
+        reserve = bounds.whole(reserve, "--reserve-memory", 0, bounds.MAX_RESERVE_BYTES)
         if reserve and self.mechanisms.lock_unavailable:
             raise UsageError(
                 "--reserve-memory needs memory eviction, which needs the NVIDIA driver "
                 f"checkpoint API, and this daemon has none ({self.mechanisms.lock_unavailable}); "
                 "leave --reserve-memory out"
             )
+        priority = parse_priority(message.get("priority", 0))
+        if peer is not None:
+            self.limits.check_priority(peer.uid, priority)
         return Task(
             task_id=self.registry.new_id(),
             pid=info.pid,
@@ -468,33 +747,59 @@ class Daemon:
             start_time=info.start_time,
             uid=info.uid,
             name=name,
-            priority=parse_priority(message.get("priority", 0)),
+            priority=priority,
             gpus=gpus,
             mechanism=mechanism,
-            always_active=bool(message.get("always_active")),
-            timeslice_ms=None if timeslice is None else float(timeslice),
-            min_share=None if min_share is None else float(min_share),
+            always_active=bounds.flag(message.get("always_active"), "always_active"),
+            timeslice_ms=timeslice,
+            min_share=min_share,
             reserve_bytes=reserve,
         )
 
     def _op_channel(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        """Bind the caller's control block to its task (registering the caller if asked)."""
+        """Bind the caller's control block to its task (registering the caller if asked).
+
+        The caller is the process that connected, checked again now: its pid must still
+        name the same process (start time) of the same user (SO_PEERCRED), so that a
+        recycled pid registers nobody else's process."""
         if len(fds) != 2:
             raise ProtocolError("a channel request carries exactly two fds: memfd and eventfd")
         if peer.control is not None:
             raise ProtocolError("this connection already has a channel")
+        info = read_process(peer.pid)
+        if peer.start_time is None or info.start_time != peer.start_time:
+            raise NoSuchProcess(f"process {peer.pid}, which connected, has exited")
+        if info.uid != peer.uid:
+            raise PermissionDenied(
+                f"process {peer.pid} now belongs to uid {info.uid}, not to the uid that "
+                f"connected ({peer.uid}); not registered"
+            )
         task = self._task_of(peer.pid)
-        if task is None:
-            if not message.get("register"):
-                raise NoSuchProcess(
-                    f"process {peer.pid} is not part of a registered task; start it with "
-                    "`gpreempt run` or pass register=True with a priority"
-                )
-            info = read_process(peer.pid)
-            fields = {**message["register"], "pid": peer.pid}
-            task = self._add_task(peer, info, fields, owned=True)
-        control = ControlBlock(fds[0], fds[1])
+        if task is not None and peer.uid not in (0, task.uid):
+            raise PermissionDenied(
+                f"process {peer.pid} runs under task {task.name!r} of uid {task.uid}; "
+                f"you (uid {peer.uid}) may feed only your own tasks"
+            )
+        register = message.get("register")
+        if task is None and not register:
+            raise NoSuchProcess(
+                f"process {peer.pid} is not part of a registered task; start it with "
+                "`gpreempt run` or pass register=True with a priority"
+            )
+        if task is None and not isinstance(register, dict):
+            raise UsageError("register must be an object of task fields")
+        try:
+            control = ControlBlock.adopt(fds[0], fds[1])
+        except ValueError as exc:
+            raise ProtocolError(f"bad channel: {exc}") from None
         fds.clear()  # the control block owns them now
+        try:
+            if task is None:
+                info = self._registrable(peer, peer.pid)
+                task = self._add_task(peer, info, {**register, "pid": peer.pid}, owned=True)
+        except BaseException:
+            control.close()
+            raise
         peer.control = control
         peer.channel_task = task.task_id
         task.controls[peer.conn_id] = control
@@ -523,6 +828,7 @@ class Daemon:
 
     def _op_status(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         now = time.monotonic()
+        watched = self._watched_by_task()
         return {
             "daemon": {
                 "pid": os.getpid(),
@@ -532,27 +838,43 @@ class Daemon:
                 "started_at": self.started_at,
                 "lock_available": self.mechanisms.lock_unavailable is None,
                 "lock_unavailable_reason": self.mechanisms.lock_unavailable,
+                "connections": len(self.peers),
+                # writes that failed (a full disk): counted, never fatal
+                "event_write_failures": self.events.failed,
+                "state_write_failures": self.state_write_failures,
+                "last_write_error": self.last_state_error or self.events.last_error,
             },
             "tasks": [
-                {**t.describe(now), "watching": self._watched_by(t)}
+                {**t.describe(now), "watching": watched.get(t.task_id, [])}
                 for t in self.registry.tasks.values()
             ],
         }
 
     def _watched_by(self, task: Task) -> list[int]:
         """Ids of the tasks whose blocks the gates of ``task`` watch (policy/watch.py)."""
-        ids = {
-            high_id
-            for peer in self.peers.values()
-            if peer.channel_task == task.task_id
-            for high_id, _conn in peer.watching
-        }
-        return sorted(ids)
+        return self._watched_by_task().get(task.task_id, [])
+
+    def _watched_by_task(self) -> dict[int, list[int]]:
+        """For each task, the ids of the tasks whose blocks its gates watch (policy/watch.py)."""
+        ids: dict[int, set[int]] = {}
+        for peer in self.peers.values():
+            if peer.channel_task is not None and peer.watching:
+                ids.setdefault(peer.channel_task, set()).update(h for h, _c in peer.watching)
+        return {task_id: sorted(found) for task_id, found in ids.items()}
+
+    def _target_task(self, peer: Peer, message: Message) -> Task:
+        """The task a hold/evict/restore/detach request names (pid first, then the caller's
+        own names), once the caller is checked to own it."""
+        target = message.get("target")
+        if isinstance(target, bool) or not isinstance(target, (str, int)):
+            raise UsageError("target must be a task name or pid")
+        task = self.registry.find(str(target), uid=peer.uid)
+        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        return task
 
     def _op_hold(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.registry.find(str(message["target"]))
-        self._check_owner(peer, task.uid, f"task {task.name!r}")
-        hold = bool(message["hold"])
+        task = self._target_task(peer, message)
+        hold = bounds.flag(message.get("hold"), "hold")
         if task.held != hold:
             task.held = hold
             self.events.write(
@@ -563,15 +885,28 @@ class Daemon:
             self.reconcile()
         return {"task": task.describe(time.monotonic())}
 
+    def _op_detach(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
+        """Unregister a task: resumed first, then forgotten (its process goes on unmanaged)."""
+        task = self._target_task(peer, message)
+        if task.evicted and not self.memory.restore(task, reason="detach"):
+            raise UsageError(
+                f"task {task.name!r} is evicted and there is no room to restore it yet; "
+                "try again later"
+            )
+        described = task.describe(time.monotonic())
+        self._end_task(task, f"detached by uid {peer.uid}")
+        for other in self.peers.values():
+            other.owned_tasks.discard(task.task_id)
+        self.reconcile()
+        return {"task": described}
+
     def _op_evict(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.registry.find(str(message["target"]))
-        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        task = self._target_task(peer, message)
         self.memory.evict(task, reason=f"by uid {peer.uid}")
         return {"task": task.describe(time.monotonic())}
 
     def _op_restore(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.registry.find(str(message["target"]))
-        self._check_owner(peer, task.uid, f"task {task.name!r}")
+        task = self._target_task(peer, message)
         if not self.memory.restore(task, reason=f"by uid {peer.uid}"):
             return {"task": task.describe(time.monotonic()), "pending": True}
         self.reconcile()
@@ -588,6 +923,8 @@ class Daemon:
             left = [(gpu, t.name) for t in self.registry.tasks.values() for gpu in t.gpus]
             for gpu in task.gpus:
                 self.metrics.on_task_end(gpu, task.name, left)
+        if task.attached:
+            self._persist_attached()
 
     def _check_liveness(self) -> None:
         if self.memory.needed():
@@ -757,6 +1094,8 @@ class Daemon:
         )
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
+        """Push ``peer`` its watch list with read-only descriptors of the blocks, through its
+        outbox (the descriptors go with the message, whenever the client reads it)."""
         fds: list[int] = []
         try:
             fds = [control.read_only_fd() for _t, _c, control in blocks]
@@ -769,19 +1108,20 @@ class Daemon:
                 "pids": [owner.pid if owner is not None else None for owner in owners],
                 "version": peer.watch_version,
             }
-            peer.connection.send(message, fds)
+            data = encode({**message, "nfds": len(fds)} if fds else message, MAX_REPLY)
         except (OSError, ProtocolError) as exc:
             self.log(f"cannot send the watch list to process {peer.pid}: {exc}")
-        finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            return
+        self._queue(peer, data, fds)
 
     def _suspend(self, task: Task, reason: str | None = None) -> bool:
         """Suspend ``task`` by its mechanism; ``reason`` for the event log (default: held or
         policy)."""
         mechanism = self.mechanisms.get(task.mechanism)
-        target = task.target()
+        target = self._target(task)
         start = time.perf_counter()
         try:
             used = mechanism.suspend(target)
@@ -840,7 +1180,7 @@ class Daemon:
         start = time.perf_counter()
         self.backstop.release(task)
         try:
-            self.mechanisms.concrete[used].resume(task.target())
+            self.mechanisms.concrete[used].resume(self._target(task))
         except NoSuchProcess:
             pass
         except GpreemptError as exc:
@@ -870,6 +1210,16 @@ class Daemon:
             self.metrics.on_resume(task.gpu, task.name, suspended_for)
         return True
 
+    def _target(self, task: Task) -> Target:
+        """What the mechanisms act on: the task's whole group only if every member belongs to
+        its owner (a root daemon could otherwise stop a root process in a user's job), else
+        its process alone; signals go to the process that started at its start time."""
+        whole = task.pgid is None or os.geteuid() != 0
+        if not whole:
+            assert task.pgid is not None
+            whole = self._census.owned_by(task.pgid, task.uid)
+        return task.target(whole_group=whole)
+
     def _persist(self) -> None:
         """Record what a successor must resume if this daemon dies, when that changes.
 
@@ -889,9 +1239,113 @@ class Daemon:
             for t in self.registry.tasks.values()
             if t.evicted or (t.suspended and (t.suspended_with != "gate" or t.backstop_locked))
         ]
-        if records != self._persisted:
-            persist.save(self.state_path, records)
+        if records != self._persisted and self._save(self.state_path, records):
             self._persisted = records
+
+    def _save(self, path: Path, records: list[Any]) -> bool:
+        """Write a state file; a failure (a full disk) is counted and shown, never fatal."""
+        try:
+            persist.save(path, records)
+        except OSError as exc:
+            self.state_write_failures += 1
+            self.last_state_error = f"cannot write {path}: {exc.strerror or exc}"
+            self.log(self.last_state_error)
+            return False
+        return True
+
+    def _persist_attached(self) -> None:
+        """Record the tasks registered with ``attach`` for a restarted daemon, when they change."""
+        records = [
+            persist.AttachedRecord(
+                pid=t.pid,
+                start_time=t.start_time,
+                uid=t.uid,
+                name=t.name,
+                priority=t.priority,
+                gpus=list(t.gpus),
+                mechanism=t.mechanism,
+                always_active=t.always_active,
+                timeslice_ms=t.timeslice_ms,
+                min_share=t.min_share,
+                reserve_bytes=t.reserve_bytes,
+            )
+            for t in self.registry.tasks.values()
+            if t.attached
+        ]
+        if records != self._attached and self._save(self.attached_path, records):
+            self._attached = records
+
+    def _reattach(self) -> None:
+        """Register again the tasks a previous daemon had from ``attach``: each only if its
+        pid still names the same process (start time) of the same user."""
+        for record in persist.load_attached(self.attached_path):
+            try:
+                info = self._registrable(None, record.pid)
+                if info.start_time != record.start_time or info.uid != record.uid:
+                    continue
+                if self.registry.by_pid(record.pid) is not None:
+                    continue
+                fields = {
+                    "name": record.name,
+                    "priority": record.priority,
+                    "gpus": record.gpus,
+                    "mechanism": record.mechanism,
+                    "always_active": record.always_active,
+                    "timeslice_ms": record.timeslice_ms,
+                    "min_share": record.min_share,
+                    "reserve_bytes": record.reserve_bytes,
+                }
+                task = self._new_task(None, info, fields)
+            except (GpreemptError, ValueError, TypeError) as exc:
+                self.log(f"not registering attached process {record.pid} again: {exc}")
+                continue
+            task.attached = True
+            self.registry.add_pidfd(task)
+            self.registry.add(task)
+            self.events.write(
+                "registered",
+                **task.event_fields(),
+                mechanism=task.mechanism,
+                priority=task.priority,
+                reason="attached under a previous daemon",
+            )
+        self._persist_attached()
+        self.dirty = True
+
+    def _check_runtime_dir(self) -> None:
+        """Notice a runtime directory deleted or replaced under the daemon: take it again if
+        no other daemon did (the same clients find it where they look), else resume every
+        task and stop, so that two daemons never split the node."""
+        socket_path = self.runtime_dir / SOCKET_NAME
+        if (
+            FileIdentity.of(self.runtime_dir) == self._dir_identity
+            and FileIdentity.of(self.runtime_dir / LOCK_NAME) == self._lock_identity
+            and FileIdentity.of(socket_path) == self._socket_identity
+        ):
+            return
+        self.log(f"runtime directory {self.runtime_dir} was deleted or replaced")
+        try:
+            lock_fd = self._take_lock()
+        except GpreemptError as exc:
+            self.log(f"cannot take it again ({exc}); resuming every task and stopping")
+            self._stopping = True
+            return
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+        self._lock_fd = lock_fd
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        self._accept_paused_until = 0.0
+        self.listener = self._listen()
+        self.selector.register(self.listener, selectors.EVENT_READ, ("listen", None))
+        self.events.reopen()
+        self._persisted = None
+        self._attached = None
+        self._persist()
+        self._persist_attached()
+        self.events.write("daemon-start", reason="runtime directory recreated", pid=os.getpid())
+        self.log(f"recreated {self.runtime_dir} and serving again")
 
     def _publish_states(self) -> None:
         if self.metrics is None:

@@ -19,6 +19,12 @@ class Target:
     pgid: int | None = None
     #: The in-process control block, when the task's process runs the client.
     control: ControlBlock | None = None
+    #: The process's start time (clock ticks since boot), when known: signals then reach
+    #: this very process, never one that took its pid after it exited.
+    start_time: int | None = None
+    #: A pidfd of the process, opened when it was registered (checked against its start
+    #: time then): signals through it reach that process or none, with no /proc read.
+    pidfd: int | None = None
 
 
 class Mechanism(abc.ABC):

@@ -11,17 +11,38 @@ import os
 import signal
 
 from ..errors import MechanismFailed, MechanismUnavailable, NoSuchProcess
-from ..procinfo import read_process
+from ..procinfo import open_verified, read_process
 from .base import Mechanism, Target
 
 
 def send(target: Target, signum: int) -> None:
-    """Send ``signum`` to the target's process group if it has one of its own, else to its pid."""
+    """Send ``signum`` to the target's process group if it has one of its own, else to its pid.
+
+    With a start time, the process is checked through a pidfd first and a lone process is
+    signalled through that pidfd, so a recycled pid is never signalled; a group is signalled
+    while its verified leader holds the group id."""
     try:
-        if target.pgid:
-            os.killpg(target.pgid, signum)
-        else:
-            os.kill(target.pid, signum)
+        if target.pidfd is not None:
+            if target.pgid:
+                signal.pidfd_send_signal(target.pidfd, 0)  # ESRCH once it has exited
+                os.killpg(target.pgid, signum)
+            else:
+                signal.pidfd_send_signal(target.pidfd, signum)
+            return
+        if target.start_time is None:
+            if target.pgid:
+                os.killpg(target.pgid, signum)
+            else:
+                os.kill(target.pid, signum)
+            return
+        pidfd = open_verified(target.pid, target.start_time)
+        try:
+            if target.pgid:
+                os.killpg(target.pgid, signum)
+            else:
+                signal.pidfd_send_signal(pidfd, signum)
+        finally:
+            os.close(pidfd)
     except ProcessLookupError:
         raise NoSuchProcess(f"process {target.pid} has exited") from None
     except PermissionError:
