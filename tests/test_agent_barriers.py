@@ -25,8 +25,8 @@ class _Session:
         ("gate", None, gate_mod.RUN_BARRIER_MS),  # the default for the gate mechanism
         ("gate", "0", None),  # the environment decides (0: none)
         ("gate", "0.1", None),
-        ("auto", None, 0.0),  # the driver lock behind the gate would wait for held work
-        ("auto", "0.1", 0.0),
+        ("auto", None, gate_mod.RUN_BARRIER_MS),  # the default mechanism: the same
+        ("auto", "0", None),
         ("lock", None, 0.0),
     ],
 )
