@@ -27,11 +27,14 @@ LAYERS: dict[str, int] = {
     "control": 0,
     "procinfo": 0,
     "futex": 0,
+    "runtime_dir": 0,
     "nvml": 0,
     "policy": 1,
     "mechanisms": 2,
     "daemon": 3,
     "client": 3,
+    # the ptrace tracer of mechanism kfd, run by the launcher
+    "tracer": 3,
     # The public facade (`gpreempt/__init__.py`) re-exports the client, so it sits on top.
     "": 4,
     "__main__": 4,

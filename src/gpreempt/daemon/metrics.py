@@ -101,7 +101,12 @@ class DaemonMetrics:
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        from .. import __version__
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            __version__ = version("gpreempt")
+        except PackageNotFoundError:  # run from a source tree
+            __version__ = "unknown"
 
         self.registry = registry if registry is not None else CollectorRegistry()
         self.gpu_uuids = dict(gpu_uuids or {})
