@@ -99,9 +99,9 @@ class DaemonMetrics:
         gpu_uuids: dict[int, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         from importlib.metadata import PackageNotFoundError, version
+
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         try:
             __version__ = version("gpreempt")
