@@ -156,7 +156,11 @@ class Counter:
 
     def __init__(self, tmp_path: Path) -> None:
         self.path = tmp_path / "count"
-        self.process = subprocess.Popen([sys.executable, "-c", COUNTER, str(self.path)])
+        # its own group in this session, never orphaned, so that SIGTSTP stops it whatever group
+        # pytest runs in (an orphaned group discards terminal stop signals)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", COUNTER, str(self.path)], preexec_fn=os.setpgrp
+        )
         deadline = time.monotonic() + 20
         while not self.path.exists():
             assert time.monotonic() < deadline, "the counter did not start"
