@@ -65,6 +65,7 @@ def image() -> str:
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gpc-"))
+    path.chmod(0o755)  # as the DaemonSet's hostPath: a --shared daemon never widens it itself
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
