@@ -4,7 +4,8 @@
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle), light, light3, heavy3, cupy, compiled, eager, sweep, grace.
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats (1 for
-# grace and sweep). Each cell's results.json/report.md go to $OUT/<cell>/; a table is printed.
+# grace and sweep; GRACES and SWEEP_REPEATS
+# choose). Each cell's results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -44,7 +45,7 @@ for group in "$@"; do
         cell "load-$load" 300 --repeats "${SWEEP_REPEATS:-1}" --load "$load" \
           --case-b transformer-sync --scenarios gpreempt
       done ;;
-    grace) for grace in 0 1 2; do
+    grace) for grace in ${GRACES:-0 0.2 1}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "grace-$grace" 300 --repeats 1 \
           --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
