@@ -22,7 +22,9 @@ from pathlib import Path
 
 from conftest import wait_for
 from hostile import NOBODY, as_user, ask, needs_root, raw
+from test_watch import _Client, _RecordingGate
 
+from gpreempt.client import session as session_mod
 from gpreempt.client import stranded
 from gpreempt.client.connection import DaemonClient
 from gpreempt.control import REQUIRED_SEALS, SIZE, ActivityView, ControlBlock
@@ -169,6 +171,19 @@ def test_a_session_watches_only_blocks_whose_words_it_could_clear() -> None:
     try:
         assert _map_as(NOBODY, fds[0], os.getpid()) == "refused"
         assert _map_as(NOBODY, fds[1], os.getpid()) == "watched"
+
+        def session_watching_both() -> str:
+            own = ControlBlock.create()
+            reply = {"task_id": 2, "name": "trainer", "priority": -100, "mechanism": "gate"}
+            current = session_mod.Session(_Client(), own, reply)  # type: ignore[arg-type]
+            gate = _RecordingGate(barrier_ms=0.05)
+            current.use_gate(gate)
+            current._set_watched([os.dup(fd) for fd in fds], 3, [os.getppid()] * 2)
+            addresses, version = gate.calls[-1]
+            return f"{len(addresses)} watched, version {version}"
+
+        # one watched; not the list the daemon versioned, so the gate waits for the daemon
+        assert as_user(NOBODY, session_watching_both) == "1 watched, version 0"
     finally:
         for fd in fds:
             os.close(fd)
