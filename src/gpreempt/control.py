@@ -14,6 +14,13 @@ waiting on ``gate_closed`` (a futex) when it opens it, and may hand read-only de
 block to the gates of the same user's less important tasks, which then watch its activity
 words (:class:`ActivityView`, ``gpreempt.policy.watch``).
 
+A memfd is born mode 0777, and whoever holds any descriptor of it, a read-only one included,
+can reopen it read-write through ``/proc/self/fd``. So a block is made 0600, private to the
+uid that created it (and root): by the client when it creates it, and again by the daemon,
+which refuses a block it cannot restrict. A read-only view then stays read-only for every
+other user. (Seals cannot do this: ``F_SEAL_FUTURE_WRITE`` would forbid every new writable
+mapping, the daemon's own included, and ``F_SEAL_SEAL`` forbids adding it later anyway.)
+
 A gate the daemon closed only because such a watched task is active resumes by itself the
 moment none is, without waiting for the daemon to notice and open it: the daemon then writes
 ``2V`` instead of ``1``, V being the version of the watch list it sent that connection, so
@@ -67,6 +74,8 @@ from . import futex
 SIZE = 64
 #: Seals a control block must carry before the daemon maps it.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: Mode of a control block's inode: only its owner (and root) may reopen it writable.
+PRIVATE_MODE = 0o600
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -143,6 +152,7 @@ class ControlBlock:
     def create(cls) -> ControlBlock:
         """A fresh, zeroed block owned by this process, its size sealed."""
         memfd = os.memfd_create("gpreempt-control", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.fchmod(memfd, PRIVATE_MODE)
         os.ftruncate(memfd, SIZE)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
         doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -152,7 +162,9 @@ class ControlBlock:
     def adopt(cls, memfd: int, doorbell: int) -> ControlBlock:
         """A block a client handed over (daemon), once checked: ``memfd`` is a memfd of at
         least :data:`SIZE` bytes sealed against shrinking, growing and further seals, and
-        ``doorbell`` an eventfd. Raises ValueError saying what is wrong (the caller still
+        ``doorbell`` an eventfd. The block is then made :data:`PRIVATE_MODE`, so that the
+        read-only views the daemon hands out of it (:meth:`read_only_fd`) cannot be reopened
+        writable by another user. Raises ValueError saying what is wrong (the caller still
         owns both descriptors then)."""
         what = _fd_kind(memfd)
         if not what.startswith("/memfd:"):
@@ -172,6 +184,14 @@ class ControlBlock:
         kind = _fd_kind(doorbell)
         if kind != "anon_inode:[eventfd]":
             raise ValueError(f"the doorbell must be an eventfd, got {kind or 'unknown'}")
+        try:
+            os.fchmod(memfd, PRIVATE_MODE)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot make the control block (of uid {os.fstat(memfd).st_uid}) private to "
+                f"its owner: {exc.strerror}; a daemon not run as root takes only its own "
+                "user's blocks"
+            ) from None
         os.set_blocking(doorbell, False)
         return cls(memfd, doorbell)
 
@@ -249,7 +269,9 @@ class ControlBlock:
     def read_only_fd(self) -> int:
         """A new read-only descriptor of the block, for a gate that watches it (daemon).
 
-        Whoever receives it can map the block for reading only. The caller closes it.
+        Whoever receives it can map the block for reading only; reopening it writable
+        through ``/proc`` takes the block's owner or root (:data:`PRIVATE_MODE`). The caller
+        closes it.
         """
         return os.open(f"/proc/self/fd/{self.memfd}", os.O_RDONLY | os.O_CLOEXEC)
 

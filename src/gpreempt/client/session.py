@@ -29,7 +29,7 @@ from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
-from .stranded import WatchedBlock, free_stranded, open_owner
+from .stranded import WatchedBlock, free_stranded
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
@@ -171,12 +171,12 @@ class Session:
         blocks = []
         for i, fd in enumerate(fds):
             try:
-                view = ActivityView(fd)
+                block = WatchedBlock.map(fd, pids[i] if i < len(pids) else None)
             except OSError:
                 version = 0  # not the list the daemon versioned: its own closing still applies
                 os.close(fd)
                 continue
-            blocks.append(WatchedBlock(view, fd, open_owner(pids[i] if i < len(pids) else None)))
+            blocks.append(block)
         now = time.monotonic()
         barriers = self._gate_puts_barriers()
         with self._watch_lock:

@@ -5,8 +5,14 @@ of the tasks it watches. When such a task's process ends inside a request, the d
 its words (``ControlBlock.clear_activity``) and the held work goes on. When the daemon is gone
 too, nobody would: so the session, once its daemon went away, keeps an eye on the tasks it
 watched, and if one of them exits with its words still raised, it clears them itself, through
-a writable descriptor reopened from the read-only one the daemon sent (the blocks are of its
-own user's tasks; ``/proc/self/fd`` reopens them as the owner's memory permits).
+a writable descriptor reopened from the read-only one the daemon sent.
+
+That reopening works only for a block of the session's own uid (or as root): blocks are 0600
+(``gpreempt.control.PRIVATE_MODE``). Another user's block can reach a session inside one of
+its user's tasks (a root process of a job that ran ``sudo``), and nobody left could clear it:
+so the session does not watch such a block at all (:meth:`WatchedBlock.map`): for that
+task its gate waits for the daemon to open it, and the session opens it itself when the
+daemon goes away.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import mmap
 import os
 import select
 import struct
+import sys
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from ..control import OFF_AUTO_ACTIVE, OFF_REQUESTS, SIZE, ActivityView
 
@@ -29,6 +37,18 @@ class WatchedBlock:
     view: ActivityView
     fd: int
     pidfd: int | None  # None: the daemon did not say whose it is, or the owner had gone
+    pid: int | None = None  # the owner, as the daemon named it
+
+    @classmethod
+    def map(cls, fd: int, pid: object) -> WatchedBlock:
+        """Watch the block behind ``fd``, a read-only descriptor the daemon sent, of a task
+        whose process is ``pid``. Raises OSError, leaving ``fd`` to the caller, if the block
+        cannot be mapped, or if this process could not clear its words should the owner exit
+        while the daemon is gone (PermissionError: another user's block): barriers must never
+        wait on words that nobody left could clear."""
+        os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC))
+        view = ActivityView(fd)
+        return cls(view, fd, open_owner(pid), pid if _usable_pid(pid) else None)
 
     def clear_activity(self) -> None:
         """Mark the watched task idle in its own block (it has exited)."""
@@ -48,9 +68,14 @@ class WatchedBlock:
                     os.close(fd)
 
 
+def _usable_pid(pid: object) -> TypeGuard[int]:
+    """A pid, as a watch push may name one: a positive int, not a bool."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+
+
 def open_owner(pid: object) -> int | None:
     """A pidfd for the watched block's owner, or None if there is no usable pid."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+    if not _usable_pid(pid):
         return None
     try:
         return os.pidfd_open(pid)
@@ -73,8 +98,15 @@ def free_stranded(blocks: list[WatchedBlock]) -> None:
                 block = pending.pop(pidfd, None)
                 poller.unregister(pidfd)
                 if block is not None and block.view.is_active():
-                    with contextlib.suppress(OSError):
+                    try:
                         block.clear_activity()
+                    except OSError as exc:
+                        print(
+                            f"gpreempt: cannot mark watched process {block.pid}, which exited "
+                            f"inside a request, idle ({exc.strerror}): work queued behind this "
+                            "process's stream barriers stays held",
+                            file=sys.stderr,
+                        )
     finally:
         for block in blocks:
             block.close()
