@@ -1,7 +1,7 @@
 """Load: 300 low tasks (each leading its own process group) under one high task. Measures
 the time from the high task's request() to the daemon's last SIGSTOP of the 300, from the
 daemon's own event log, over several rounds, and prints it; CI asserts only a generous
-deadline (the README states the figure measured with the command below).
+deadline (docs/robustness.md states the figure measured with the command below).
 
     GPREEMPT_LOAD_ROUNDS=20 PYTHONPATH=src python -m pytest -q -s tests/test_daemon_load.py
 """

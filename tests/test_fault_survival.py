@@ -1,6 +1,6 @@
 """Full disks, lost directories, restarts, recycled pids and shared process groups hurt
-neither the daemon nor anyone's job (items 6-11 and 13-15 of the fault list in the README's
-"What happens on faults")."""
+neither the daemon nor anyone's job (items 6-11 and 13-15 of the fault list of
+docs/robustness.md)."""
 
 from __future__ import annotations
 

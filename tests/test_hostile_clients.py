@@ -1,5 +1,5 @@
 """Hostile and broken clients cannot stop, slow or crash the daemon (items 1-5, 12 and 16
-of the fault list in the README's "What happens on faults")."""
+of the fault list of docs/robustness.md)."""
 
 from __future__ import annotations
 
