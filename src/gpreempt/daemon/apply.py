@@ -21,7 +21,7 @@ from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
-from .events import EventLog
+from .event_log import EventLog
 from .identity import GroupCensus
 from .peer import Peer
 from .plan import Plan, WatchList

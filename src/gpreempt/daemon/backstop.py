@@ -27,7 +27,7 @@ import time
 
 from ..errors import GpreemptError
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
-from .events import EventLog
+from .event_log import EventLog
 from .registry import Registry, Task
 
 #: How long a task stays held by its gate before the lock backs it up, by default.

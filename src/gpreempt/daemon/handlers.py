@@ -21,7 +21,7 @@ from ..mechanisms import MechanismSet
 from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
 from . import limits as bounds
-from .events import EventLog
+from .event_log import EventLog
 from .limits import Limits
 from .memory import MemoryManager
 from .peer import Peer

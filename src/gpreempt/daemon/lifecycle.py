@@ -15,7 +15,7 @@ from ..errors import GpreemptError
 from ..procinfo import alive
 from . import persist
 from .apply import Executor
-from .events import EventLog
+from .event_log import EventLog
 from .memory import MemoryManager
 from .persist import StateFiles
 from .registration import Registrar
@@ -144,7 +144,7 @@ class TaskLifecycle:
         """Hand every task's state to the metrics, if they are served."""
         if self.metrics is None:
             return
-        from .metrics import TaskSample
+        from .prometheus import TaskSample
 
         self.metrics.publish(
             [

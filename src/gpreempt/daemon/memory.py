@@ -25,7 +25,7 @@ from ..errors import MechanismFailed, MechanismUnavailable, UsageError
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
-from .events import EventLog
+from .event_log import EventLog
 from .registry import Registry, Task
 from .task_state import TaskState, change_state
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ..policy import Policy, Snapshot
 from .apply import Executor
 from .backstop import Backstop
-from .events import EventLog
+from .event_log import EventLog
 from .memory import MemoryManager
 from .peer import Peer
 from .plan import PeerFacts, Plan, PlanSettings, TaskFacts, plan, plan_watches

@@ -37,7 +37,7 @@ from . import limits as bounds
 from .apply import Executor
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
-from .events import EventLog
+from .event_log import EventLog
 from .handlers import Handlers
 from .identity import GroupCensus, protected_pids
 from .lifecycle import TaskLifecycle
@@ -202,7 +202,7 @@ class Daemon:
     def _start_metrics(self) -> None:
         """Serve metrics, before anything else is created: a port that cannot be bound
         leaves nothing behind (the lock is released and its file removed)."""
-        from .metrics import DaemonMetrics, gpu_uuids
+        from .prometheus import DaemonMetrics, gpu_uuids
 
         try:
             self.metrics = DaemonMetrics(gpu_uuids=gpu_uuids())
