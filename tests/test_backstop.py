@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from gpreempt.daemon.backstop import Backstop
 from gpreempt.daemon.registry import Registry, Task
+from gpreempt.daemon.task_state import TaskState, change_state
 from gpreempt.mechanisms.cuda_driver import CudaDriverError, ProcessState
 
 
@@ -60,20 +61,20 @@ def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
         mechanism=mechanism,
     )
     daemon.registry.add(task)
-    task.suspended, task.suspended_with, task.suspended_since = True, "gate", 100.0
-    task.preempted_since = 100.0
-    return daemon, task, Backstop(daemon, delay_ms, driver=driver)
+    change_state(task, TaskState.SUSPENDED, now=100.0, mechanism="gate")
+    return daemon, task, Backstop(daemon.registry, daemon.events, delay_ms, driver=driver)
 
 
 def test_a_task_waiting_only_for_its_turn_is_not_locked() -> None:
     driver = FakeDriver()
     _daemon, task, backstop = setup(driver)
-    task.preempted_since = None  # closed for a peer's turn, not for a more important task
+    # closed for a peer's turn, not for a more important task
+    change_state(task, TaskState.WAITING_TURN, now=120.0)
     assert backstop.next_due() is None
     backstop.apply(200.0)
     backstop.finish()
     assert driver.calls == [] and not task.backstop_locked
-    task.preempted_since = 150.0  # then a more important task became active
+    change_state(task, TaskState.SUSPENDED, now=150.0)  # then a more important task started
     assert backstop.next_due() == 150.05
 
 
@@ -98,7 +99,7 @@ def test_a_task_resumed_while_its_lock_is_taken_is_unlocked_when_it_is() -> None
     driver = FakeDriver(release=gate)
     _daemon, task, backstop = setup(driver)
     backstop.apply(200.0)
-    task.suspended = False
+    change_state(task, TaskState.RUNNING, now=200.0)
     backstop.release(task)  # the lock call is still waiting
     gate.set()
     backstop.finish()
@@ -122,8 +123,8 @@ def test_zero_delay_or_no_driver_turns_it_off() -> None:
     _daemon, _task, backstop = setup(FakeDriver(), delay_ms=0)
     assert backstop.next_due() is None
     daemon, _task, _ = setup(FakeDriver())
-    daemon.mechanisms.lock_unavailable = "no libcuda"
-    assert Backstop(daemon, 50.0).next_due() is None
+    no_libcuda = Backstop(daemon.registry, daemon.events, 50.0, lock_available=False)
+    assert no_libcuda.next_due() is None
 
 
 def test_a_failed_lock_is_reported_and_not_retried_until_the_task_resumes() -> None:

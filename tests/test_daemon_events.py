@@ -7,7 +7,7 @@ import time
 
 
 def test_event_log_rotates_and_keeps_one_previous_generation(tmp_path) -> None:
-    from gpreempt.daemon.events import EventLog, read_all_events, rotated_path
+    from gpreempt.daemon.event_log import EventLog, read_all_events, rotated_path
 
     path = tmp_path / "events.jsonl"
     log = EventLog(path, max_bytes=1000)
@@ -25,7 +25,7 @@ def test_event_log_rotates_and_keeps_one_previous_generation(tmp_path) -> None:
 
 
 def test_following_the_event_log_goes_on_across_a_rotation(tmp_path) -> None:
-    from gpreempt.daemon.events import EventLog, follow_events
+    from gpreempt.daemon.event_log import EventLog, follow_events
 
     path = tmp_path / "events.jsonl"
     log = EventLog(path, max_bytes=600)
@@ -50,7 +50,7 @@ def test_following_the_event_log_goes_on_across_a_rotation(tmp_path) -> None:
 
 
 def test_event_log_batch_writes_at_the_end_in_order(tmp_path) -> None:
-    from gpreempt.daemon.events import EventLog, parse_event
+    from gpreempt.daemon.event_log import EventLog, parse_event
 
     log = EventLog(tmp_path / "events.jsonl")
     log.write("registered", task="a")

@@ -88,6 +88,6 @@ def test_request_stops_300_tasks_within_a_bound(daemon: Daemon, runtime_dir: Pat
 
 
 def _events(runtime_dir: Path) -> list[dict]:
-    from gpreempt.daemon.events import read_events
+    from gpreempt.daemon.event_log import read_events
 
     return list(read_events(runtime_dir / "events.jsonl"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpreempt.daemon.metrics import DEFAULT_METRICS_PORT, DaemonMetrics, TaskSample
+from gpreempt.daemon.prometheus import DEFAULT_METRICS_PORT, DaemonMetrics, TaskSample
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))

@@ -214,7 +214,7 @@ def test_a_channel_from_a_pid_that_changed_hands_is_refused(tmp_path: Path) -> N
     fds = [os.dup(block.memfd), os.dup(block.doorbell)]
     try:
         with pytest.raises(NoSuchProcess, match="has exited"):
-            server._op_channel(peer, {"register": {"priority": "low"}}, fds)
+            server.handlers.op_channel(peer, {"register": {"priority": "low"}}, fds)
     finally:
         block.close()
         for fd in fds:

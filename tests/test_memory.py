@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpreempt.daemon.memory import GpuMemory, MemoryManager
+from gpreempt.daemon.memory import GpuMemory
+from gpreempt.daemon.memory import MemoryManager as RealMemoryManager
 from gpreempt.daemon.registry import Registry, Task
 from gpreempt.errors import MechanismFailed, MechanismUnavailable, UsageError
 from gpreempt.mechanisms.cuda_driver import ProcessState
@@ -67,11 +68,25 @@ def fake_daemon() -> SimpleNamespace:
     return SimpleNamespace(
         registry=Registry(),
         events=FakeEvents(),
-        metrics=None,
-        lock_timeout_ms=None,
         dirty=False,
         mechanisms=SimpleNamespace(lock_unavailable=None),
-        _persist=lambda: None,
+    )
+
+
+def MemoryManager(daemon, probe, driver=None) -> RealMemoryManager:  # noqa: N802
+    """The manager with the fake daemon's registry and events; a restore marks it dirty."""
+
+    def on_change(event: str) -> None:
+        if event == "restore":
+            daemon.dirty = True
+
+    return RealMemoryManager(
+        daemon.registry,
+        daemon.events,
+        probe,
+        driver,
+        lock_unavailable=daemon.mechanisms.lock_unavailable,
+        on_change=on_change,
     )
 
 

@@ -10,7 +10,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from gpreempt.daemon.metrics import (  # noqa: E402
+from gpreempt.daemon.prometheus import (  # noqa: E402
     DEFAULT_METRICS_PORT,
     LATENCY_BUCKETS,
     DaemonMetrics,

@@ -16,6 +16,7 @@ from gpreempt.control import CLOSED, ControlBlock, closed_while_watched, release
 from gpreempt.daemon.registry import Task
 from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer
 from gpreempt.daemon.server import Daemon as DaemonServer
+from gpreempt.daemon.task_state import TaskState, change_state
 from gpreempt.policy.hpf import decide_hpf
 from gpreempt.policy.snapshot import Snapshot, TaskView
 from gpreempt.policy.turns import TurnSettings
@@ -106,7 +107,7 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
             peer.channel_ready = True
             daemon.peers[task_id] = peer
         fds_before = len(os.listdir("/proc/self/fd"))
-        daemon._update_watches()
+        daemon.reconciler.update_watches()
         assert len(os.listdir("/proc/self/fd")) == fds_before  # the sent descriptors are closed
         sent = {task_id: peer.connection.sent for task_id, peer in daemon.peers.items()}
         assert sent[1] == []  # nobody outranks the top task
@@ -114,15 +115,15 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         # not task 2
         assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]
         assert sent[4] == [({"push": "watch", "tasks": [2], "pids": [102], "version": 1}, 1)]
-        assert daemon._watched_by(daemon.registry.tasks[3]) == [1]
-        daemon._update_watches()  # nothing changed: nothing sent
+        assert daemon.handlers.watched_by_task()[3] == [1]
+        daemon.reconciler.update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf
-        daemon._update_watches()
+        daemon.reconciler.update_watches()
         assert sent[3][-1] == ({"push": "watch", "tasks": [], "pids": [], "version": 2}, 0)
         daemon.peers[3].watch_version = MAX_WATCH_VERSION  # versions wrap, never reach 0
         daemon.registry.tasks[1].held = False
-        daemon._update_watches()
+        daemon.reconciler.update_watches()
         assert sent[3][-1] == ({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)
     finally:
         for block in blocks:
@@ -198,7 +199,7 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
             peer.outbox = recorder  # type: ignore[assignment]
             peer.channel_ready = True
             daemon.peers[task_id] = peer
-        daemon._update_watches()
+        daemon.reconciler.update_watches()
         return daemon, blocks
 
     def words(daemon: DaemonServer, blocks: list[ControlBlock], active: set[int]) -> list[int]:
@@ -207,10 +208,11 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
         for task in tasks.values():
             task.was_active = task.task_id in active
         for task_id in (3, 4):
-            tasks[task_id].suspended = True
+            if not tasks[task_id].suspended:
+                change_state(tasks[task_id], TaskState.SUSPENDED, now=0.0, mechanism="gate")
             blocks[task_id - 1].set_gate(True)
-        snapshot = daemon.snapshot(0.0)
-        daemon._close_while_watched(snapshot, decide_hpf(snapshot))
+        snapshot = daemon.registry.snapshot(0.0)
+        daemon.executor.apply_gates(daemon.reconciler.plan(snapshot, decide_hpf(snapshot)))
         return [block.gate_word for block in blocks]
 
     daemon, blocks = build()
@@ -226,7 +228,7 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
         assert words(daemon, blocks, {1}) == [0, 0, CLOSED, CLOSED]
         daemon.registry.tasks[3].held = False
         assert words(daemon, blocks, {1})[2] == closed_while_watched(version)
-        daemon.registry.tasks[3].evicted = True
+        change_state(daemon.registry.tasks[3], TaskState.EVICTED, now=0.0)
         assert words(daemon, blocks, {1})[2] == CLOSED
     finally:
         for block in blocks:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..daemon.events import read_all_events
+from ..daemon.event_log import read_all_events
 
 Event = dict[str, Any]
 

@@ -52,7 +52,7 @@ def format_event(record: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..daemon.events import follow_events, read_all_events
+    from ..daemon.event_log import follow_events, read_all_events
 
     path = resolve_runtime_dir(args.runtime_dir) / EVENTS_NAME
     if args.last < 0:

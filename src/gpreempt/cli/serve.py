@@ -13,7 +13,7 @@ from . import add_runtime_dir, port_number
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..daemon.backstop import DEFAULT_DELAY_MS
-    from ..daemon.metrics import DEFAULT_METRICS_ADDR, DEFAULT_METRICS_PORT
+    from ..daemon.prometheus import DEFAULT_METRICS_ADDR, DEFAULT_METRICS_PORT
     from ..policy import POLICIES
     from ..policy.inflight import DEFAULT_BUDGET_MS
     from ..policy.sleep import DEFAULT_SLEEP_AFTER_S

@@ -24,13 +24,11 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
 
 from ..errors import GpreemptError
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
-
-if TYPE_CHECKING:
-    from .registry import Task
+from .event_log import EventLog
+from .registry import Registry, Task
 
 #: How long a task stays held by its gate before the lock backs it up, by default.
 DEFAULT_DELAY_MS = 50.0
@@ -39,16 +37,27 @@ LOCK_TIMEOUT_MS = 1000
 
 
 class Backstop:
-    """Locks gate-held ``auto`` tasks after a delay; unlocks them before they resume."""
+    """Locks gate-held ``auto`` tasks after a delay; unlocks them before they resume.
+
+    It reads the tasks of ``registry`` and writes what it does to ``events``;
+    ``lock_available``: whether this machine's driver offers the lock (without a ``driver``
+    given, the backstop is off where it does not). ``wake_fd`` is written to when a lock
+    call finishes, to wake the daemon's loop, which then calls :meth:`collect`.
+    """
 
     def __init__(
         self,
-        daemon: Any,
+        registry: Registry,
+        events: EventLog,
         delay_ms: float = DEFAULT_DELAY_MS,
         driver: CheckpointDriver | None = None,
+        *,
+        lock_available: bool = True,
         wake_fd: int | None = None,
     ) -> None:
-        self.daemon = daemon
+        self.registry = registry
+        self.events = events
+        self.lock_available = lock_available
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
@@ -64,9 +73,7 @@ class Backstop:
 
     @property
     def enabled(self) -> bool:
-        return self.delay_s > 0 and (
-            self._driver is not None or not self.daemon.mechanisms.lock_unavailable
-        )
+        return self.delay_s > 0 and (self._driver is not None or self.lock_available)
 
     @property
     def driver(self) -> CheckpointDriver:
@@ -90,7 +97,7 @@ class Backstop:
             return None
         due = [
             t.preempted_since + self.delay_s
-            for t in self.daemon.registry.tasks.values()
+            for t in self.registry.tasks.values()
             if self._eligible(t)
         ]
         return min(due) if due else None
@@ -99,7 +106,7 @@ class Backstop:
         """Start locking every task held by its gate for the delay or longer."""
         if not self.enabled:
             return
-        for task in list(self.daemon.registry.tasks.values()):
+        for task in list(self.registry.tasks.values()):
             if self._eligible(task) and now >= task.preempted_since + self.delay_s:
                 self._locking.add(task.task_id)
                 thread = threading.Thread(
@@ -131,14 +138,14 @@ class Backstop:
                 task_id, pid, latency_ms, error = self._done.get_nowait()
             except queue.Empty:
                 return locked
-            task = self.daemon.registry.tasks.get(task_id)
+            task = self.registry.tasks.get(task_id)
             cancelled = task_id in self._cancelled or task is None or not task.suspended
             self._cancelled.discard(task_id)
             self._locking.discard(task_id)
             if error is not None:
                 if task is not None:
                     self._failed.add(task_id)
-                    self.daemon.events.write(
+                    self.events.write(
                         "error",
                         **task.event_fields(),
                         mechanism="lock",
@@ -149,7 +156,7 @@ class Backstop:
             else:
                 task.backstop_locked = True
                 locked = True
-                self.daemon.events.write(
+                self.events.write(
                     "backstop",
                     **task.event_fields(),
                     mechanism="lock",
@@ -179,7 +186,7 @@ class Backstop:
                 self.driver.unlock(pid)
         except GpreemptError as exc:
             if task is not None:
-                self.daemon.events.write(
+                self.events.write(
                     "error",
                     **task.event_fields(),
                     mechanism="lock",

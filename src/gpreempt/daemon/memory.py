@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import MechanismFailed, MechanismUnavailable, UsageError
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
-from .registry import Task
-
-if TYPE_CHECKING:
-    from .server import Daemon
+from .event_log import EventLog
+from .registry import Registry, Task
+from .task_state import TaskState, change_state
 
 #: A task evicted for another's reserve comes back this long after the reserve is released.
 RESTORE_AFTER_S = 2.0
@@ -126,17 +126,35 @@ def _mps_server_runs() -> bool:
 
 
 class MemoryManager:
-    """Evicts and restores tasks' GPU memory for the daemon."""
+    """Evicts and restores tasks' GPU memory for the daemon.
+
+    It reads the tasks of ``registry``, writes what it does to ``events`` (and ``metrics``,
+    if served), and calls ``on_change`` with ``"evict"`` once a task was evicted (what a
+    successor daemon must resume changed) and with ``"restore"`` once one was restored (it is
+    still locked: a scheduling pass lets it run if the policy allows).
+    """
 
     def __init__(
         self,
-        daemon: Daemon,
+        registry: Registry,
+        events: EventLog,
         probe: MemoryProbe | None = None,
         driver: CheckpointDriver | None = None,
+        *,
+        lock_unavailable: str | None = None,
+        lock_timeout_ms: int | None = None,
+        metrics: Any = None,
+        on_change: Callable[[str], None] = lambda event: None,
     ) -> None:
-        self.daemon = daemon
+        self.registry = registry
+        self.events = events
         self.probe = probe or MemoryProbe()
         self._driver = driver
+        #: Why the driver's checkpoint API cannot be used here (None: it can).
+        self.lock_unavailable = lock_unavailable
+        self.lock_timeout_ms = lock_timeout_ms
+        self.metrics = metrics
+        self.on_change = on_change
         #: Tasks evicted to make room for a reserve (restored automatically), by task id.
         self.auto_evicted: set[int] = set()
         #: Tasks waiting for room on their GPU to be restored.
@@ -151,10 +169,9 @@ class MemoryManager:
     def driver(self) -> CheckpointDriver:
         if self._driver is not None:
             return self._driver
-        if self.daemon.mechanisms.lock_unavailable:
+        if self.lock_unavailable:
             raise MechanismUnavailable(
-                "memory eviction needs the NVIDIA driver checkpoint API: "
-                + self.daemon.mechanisms.lock_unavailable
+                "memory eviction needs the NVIDIA driver checkpoint API: " + self.lock_unavailable
             )
         return CheckpointDriver.get()
 
@@ -184,24 +201,21 @@ class MemoryManager:
             signal_mechanism.send(task.target(), signal.SIGCONT)
         try:
             if state == ProcessState.RUNNING:
-                driver.lock(task.pid, self.daemon.lock_timeout_ms or DEFAULT_LOCK_TIMEOUT_MS)
+                driver.lock(task.pid, self.lock_timeout_ms or DEFAULT_LOCK_TIMEOUT_MS)
             driver.checkpoint(task.pid)
         finally:
             if stopped:
                 signal_mechanism.send(task.target(), signal.SIGSTOP)
         seconds = time.perf_counter() - start
-        task.evicted = True
         task.evicted_bytes = footprint
         if not task.suspended:
             # Evicted while running: it stays locked after its restore until the policy lets
             # it run, like any task the lock mechanism suspended.
-            task.suspended = True
-            task.suspended_with = "lock"
-            task.suspended_since = time.monotonic()
             task.preemptions += 1
+        change_state(task, TaskState.EVICTED, now=time.monotonic(), mechanism="lock")
         # The lock taken here is not the policy's suspension: undo it right after restore.
         task.evict_unlock = task.suspended_with != "lock"
-        self.daemon.events.write(
+        self.events.write(
             "evict",
             **task.event_fields(),
             mechanism="evict",
@@ -210,9 +224,9 @@ class MemoryManager:
             bytes=footprint,
             gb_per_s=round(footprint / seconds / 1e9, 3) if seconds > 0 else None,
         )
-        if self.daemon.metrics is not None:
-            self.daemon.metrics.on_evict(task.gpu, task.name, footprint, seconds)
-        self.daemon._persist()
+        if self.metrics is not None:
+            self.metrics.on_evict(task.gpu, task.name, footprint, seconds)
+        self.on_change("evict")
 
     def restore(self, task: Task, reason: str) -> bool:
         """Restore now if the GPU has room; otherwise queue it and return False."""
@@ -228,7 +242,7 @@ class MemoryManager:
         seconds = time.perf_counter() - start
         state = driver.state(task.pid)
         if state == ProcessState.FAILED:
-            self.daemon.events.write(
+            self.events.write(
                 "error",
                 **task.event_fields(),
                 mechanism="evict",
@@ -240,10 +254,10 @@ class MemoryManager:
             )
         if task.evict_unlock:
             driver.unlock(task.pid)
-        task.evicted = False
+        change_state(task, TaskState.SUSPENDED, now=time.monotonic())
         self.pending_restore.discard(task.task_id)
         self.auto_evicted.discard(task.task_id)
-        self.daemon.events.write(
+        self.events.write(
             "restore",
             **task.event_fields(),
             mechanism="evict",
@@ -252,10 +266,10 @@ class MemoryManager:
             bytes=task.evicted_bytes,
             gb_per_s=round(task.evicted_bytes / seconds / 1e9, 3) if seconds > 0 else None,
         )
-        if self.daemon.metrics is not None:
-            self.daemon.metrics.on_restore(task.gpu, task.name, task.evicted_bytes, seconds)
-        # Still locked: the daemon's next reconcile lets it run if the policy allows.
-        self.daemon.dirty = True
+        if self.metrics is not None:
+            self.metrics.on_restore(task.gpu, task.name, task.evicted_bytes, seconds)
+        # Still locked: the daemon's next scheduling pass lets it run if the policy allows.
+        self.on_change("restore")
         return True
 
     # ------------------------------------------------------------------ reserve trigger
@@ -272,11 +286,11 @@ class MemoryManager:
     def needed(self) -> bool:
         """Whether :meth:`enforce_reserves` has anything to look at."""
         return bool(self.auto_evicted or self.pending_restore) or any(
-            t.reserve_bytes > 0 for t in self.daemon.registry.tasks.values()
+            t.reserve_bytes > 0 for t in self.registry.tasks.values()
         )
 
     def _enforce_reserves(self) -> None:
-        tasks = list(self.daemon.registry.tasks.values())
+        tasks = list(self.registry.tasks.values())
         reservers = [t for t in tasks if t.reserve_bytes > 0 and t.active and not t.held]
         now = time.monotonic()
         for reserver in reservers:
@@ -284,7 +298,7 @@ class MemoryManager:
                 self.reserve_active_at[gpu] = now
                 self._make_room(reserver, gpu, tasks)
         for task_id in sorted(self.auto_evicted | self.pending_restore):
-            task = self.daemon.registry.tasks.get(task_id)
+            task = self.registry.tasks.get(task_id)
             if task is None:
                 self.auto_evicted.discard(task_id)
                 self.pending_restore.discard(task_id)
@@ -326,7 +340,7 @@ class MemoryManager:
                 self.evict(victim, reason=f"room for {reserver.name!r}'s reserve")
             except (MechanismFailed, MechanismUnavailable) as exc:
                 self.retry_after[victim.task_id] = now + RETRY_AFTER_S
-                self.daemon.events.write(
+                self.events.write(
                     "error",
                     **{**victim.event_fields(), "gpu": gpu},
                     mechanism="evict",

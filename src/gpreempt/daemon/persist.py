@@ -16,14 +16,18 @@ import contextlib
 import json
 import os
 import signal
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GpreemptError
 from ..mechanisms.base import Target
 from ..mechanisms.cuda_driver import try_driver
 from ..procinfo import alive, open_verified
+
+if TYPE_CHECKING:
+    from .registry import Task
 
 
 @dataclass(frozen=True)
@@ -164,3 +168,78 @@ def resume_locked(target: Target) -> None:
         state = driver.state(target.pid)
     if state == ProcessState.LOCKED:
         driver.unlock(target.pid)
+
+
+class StateFiles:
+    """The daemon's two state files in its runtime directory, each rewritten only when what
+    it records changes; a failed write (a full disk) is counted and shown, never fatal."""
+
+    def __init__(self, runtime_dir: Path, state_name: str, log: Callable[[str], None]) -> None:
+        self.state_path = runtime_dir / state_name
+        self.attached_path = runtime_dir / ATTACHED_NAME
+        self.log = log
+        #: What each file holds now (None: not written yet).
+        self._suspended: list[SuspendedRecord] | None = None
+        self._attached: list[AttachedRecord] | None = None
+        #: Writes that failed, and the last reason.
+        self.write_failures = 0
+        self.last_error: str | None = None
+
+    def save_suspended(self, tasks: Iterable[Task]) -> None:
+        """Record what a successor must resume if this daemon dies, when that changes.
+
+        Tasks held by their gate alone are left out: their client reopens its own gate when
+        the daemon goes away. So the many short gate preemptions cost no write here.
+        """
+        records = [
+            SuspendedRecord(
+                pid=t.pid,
+                pgid=t.pgid,
+                start_time=t.start_time,
+                mechanism="evict"
+                if t.evicted
+                else ("lock" if t.backstop_locked else (t.suspended_with or "signal")),
+                name=t.name,
+            )
+            for t in tasks
+            if t.evicted or (t.suspended and (t.suspended_with != "gate" or t.backstop_locked))
+        ]
+        if records != self._suspended and self._save(self.state_path, records):
+            self._suspended = records
+
+    def save_attached(self, tasks: Iterable[Task]) -> None:
+        """Record the tasks registered with ``attach`` for a restarted daemon, when they change."""
+        records = [
+            AttachedRecord(
+                pid=t.pid,
+                start_time=t.start_time,
+                uid=t.uid,
+                name=t.name,
+                priority=t.priority,
+                gpus=list(t.gpus),
+                mechanism=t.mechanism,
+                always_active=t.always_active,
+                timeslice_ms=t.timeslice_ms,
+                min_share=t.min_share,
+                reserve_bytes=t.reserve_bytes,
+            )
+            for t in tasks
+            if t.attached
+        ]
+        if records != self._attached and self._save(self.attached_path, records):
+            self._attached = records
+
+    def forget(self) -> None:
+        """Write both files again at the next save (the directory was recreated)."""
+        self._suspended = None
+        self._attached = None
+
+    def _save(self, path: Path, records: list[Any]) -> bool:
+        try:
+            save(path, records)
+        except OSError as exc:
+            self.write_failures += 1
+            self.last_error = f"cannot write {path}: {exc.strerror or exc}"
+            self.log(self.last_error)
+            return False
+        return True

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NoSuchTask
 from ..mechanisms.base import Target
-from ..policy import TaskView
+from ..policy import Snapshot, TaskView
 from ..priority import priority_name
+from .task_state import STOPPED, TaskState
 
 if TYPE_CHECKING:
     from ..control import ControlBlock
@@ -40,17 +41,17 @@ class Task:
     owner: int | None = None
     #: Control blocks of in-process clients, keyed by connection id.
     controls: dict[int, ControlBlock] = field(default_factory=dict)
-    suspended: bool = False
-    #: Concrete mechanism that suspended it (resume with the same one).
+    #: Where it stands with the GPU; changed only by task_state.change_state.
+    state: TaskState = TaskState.RUNNING
+    #: Concrete mechanism that suspended it (resume with the same one); the last one, once
+    #: it runs again.
     suspended_with: str | None = None
     suspended_since: float | None = None
     #: Since when it is suspended for a reason other than waiting for its turn among peers
     #: (a more important task, or held); None while it runs or only waits for its turn.
     preempted_since: float | None = None
-    #: Suspended only because a peer of equal priority has the turn (policy/turns.py).
-    waiting_turn: bool = False
+    #: An operator holds it suspended (``gpreempt suspend``), whatever the policy says.
     held: bool = False
-    evicted: bool = False
     evicted_bytes: int = 0
     #: Unlock right after restoring (the eviction's lock was not how the policy suspended it).
     evict_unlock: bool = False
@@ -75,6 +76,21 @@ class Task:
     suspend_error: str | None = None
 
     @property
+    def suspended(self) -> bool:
+        """Whether it cannot use the GPU now (suspended, waiting its turn, or evicted)."""
+        return self.state in STOPPED
+
+    @property
+    def waiting_turn(self) -> bool:
+        """Suspended only because a peer of equal priority has the turn (policy/turns.py)."""
+        return self.state is TaskState.WAITING_TURN
+
+    @property
+    def evicted(self) -> bool:
+        """Its GPU memory is on the host (memory.py)."""
+        return self.state is TaskState.EVICTED
+
+    @property
     def barriers_on(self) -> bool:
         """Whether its gate puts stream barriers: the GPU holds its queued work by itself."""
         return any(c.barriers_on for c in self.controls.values())
@@ -92,7 +108,10 @@ class Task:
         )
 
     @property
-    def state(self) -> str:
+    def status_word(self) -> str:
+        """The state as ``status``, ``top`` and the metrics show it: the state's value, but
+        ``held`` for a held task (suspended, or not yet), ``suspended`` while it waits its
+        turn (``waiting_turn`` says so)."""
         if self.evicted:
             return "evicted"
         if self.suspended:
@@ -173,7 +192,7 @@ class Task:
             "priority_name": priority_name(self.priority),
             "gpus": list(self.gpus),
             "mechanism": self.mechanism,
-            "state": self.state,
+            "state": self.status_word,
             "suspend_error": self.suspend_error,
             "waiting_turn": self.waiting_turn,
             "active": self.active,
@@ -208,6 +227,10 @@ class Registry:
 
     def add(self, task: Task) -> None:
         self.tasks[task.task_id] = task
+
+    def snapshot(self, now: float) -> Snapshot:
+        """Every task as the policy sees it at daemon time ``now``."""
+        return Snapshot(now=now, tasks=tuple(t.view(now) for t in self.tasks.values()))
 
     def add_pidfd(self, task: Task) -> None:
         """Open the pidfd of ``task``'s process, checked against its start time."""

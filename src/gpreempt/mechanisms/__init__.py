@@ -18,43 +18,14 @@ auto       gate where installed (the daemon adds the driver lock once the  every
 from __future__ import annotations
 
 from ..errors import MechanismUnavailable, UsageError
+from .auto import AutoMechanism
 from .base import Mechanism, Target
 from .driver_lock import DriverLockMechanism
-from .gate import GateMechanism
 from .kfd import KfdMechanism
+from .launch_gate import GateMechanism
 from .signal import SignalMechanism
 
 NAMES = ("auto", "gate", "lock", "signal", "kfd")
-
-
-class AutoMechanism(Mechanism):
-    """Picks, at each suspension, the most precise mechanism that works for the task now."""
-
-    name = "auto"
-
-    def __init__(self, concrete: dict[str, Mechanism]) -> None:
-        self._concrete = concrete
-
-    def choose(self, target: Target) -> Mechanism:
-        for name in ("gate", "lock"):
-            mechanism = self._concrete.get(name)
-            if mechanism is None:
-                continue
-            try:
-                mechanism.check(target)
-            except MechanismUnavailable:
-                continue
-            return mechanism
-        return self._concrete["signal"]
-
-    def check(self, target: Target) -> None:
-        self._concrete["signal"].check(target)
-
-    def suspend(self, target: Target) -> str:
-        return self.choose(target).suspend(target)
-
-    def resume(self, target: Target) -> str:
-        raise NotImplementedError("resume with the mechanism that suspended the task")
 
 
 class MechanismSet:

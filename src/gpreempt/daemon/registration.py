@@ -1,0 +1,132 @@
+"""Which processes may become tasks, and the task a registration's fields describe.
+
+A process is registered only once it is checked: not one the daemon must never stop (init,
+the daemon and its ancestors), the caller's own unless the caller is root, and one this
+daemon may act on. Every field of the request is checked for its type and range (limits.py);
+the name is escaped and unique among its owner's tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import PermissionDenied, UsageError
+from ..mechanisms import MechanismSet
+from ..mechanisms.base import Target
+from ..priority import parse_priority
+from ..procinfo import ProcessInfo, read_process
+from . import limits as bounds
+from .identity import clean_name
+from .limits import Limits
+from .registry import Registry, Task
+
+#: Most GPUs one task may name.
+MAX_GPUS = 64
+
+Message = dict[str, Any]
+
+
+def check_owner(caller_uid: int, uid: int, what: str) -> None:
+    """Refuse a caller other than root acting on what belongs to another uid."""
+    if caller_uid != 0 and caller_uid != uid:
+        raise PermissionDenied(
+            f"{what} belongs to uid {uid}; you (uid {caller_uid}) may act only on your own "
+            "processes"
+        )
+
+
+class Registrar:
+    """Builds tasks for the daemon's registry from checked processes and fields."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        limits: Limits,
+        mechanisms: Callable[[], MechanismSet],
+        protected: Callable[[], frozenset[int]],
+    ) -> None:
+        self.registry = registry
+        self.limits = limits
+        #: The daemon's mechanisms and protected pids, known once it has started.
+        self._mechanisms = mechanisms
+        self._protected = protected
+
+    def registrable(self, caller_uid: int | None, pid: int) -> ProcessInfo:
+        """The process ``pid``, once checked: not one the daemon must never stop, the
+        caller's own (or the caller is root, or None: the daemon itself), and one this daemon
+        can act on."""
+        info = read_process(pid)
+        if caller_uid is not None:
+            check_owner(caller_uid, info.uid, f"process {pid}")
+        if pid in self._protected():
+            what = "init" if pid == 1 else "this daemon or one of its ancestors"
+            raise PermissionDenied(
+                f"process {pid} is {what}: stopping it would stop the daemon; not registered"
+            )
+        if os.getuid() != 0 and info.uid != os.getuid():
+            raise PermissionDenied(
+                f"this daemon runs as uid {os.getuid()} and cannot preempt process {pid} of uid "
+                f"{info.uid}; run the daemon as root or as that user"
+            )
+        return info
+
+    def new_task(self, caller_uid: int | None, info: ProcessInfo, message: Message) -> Task:
+        """A task for process ``info`` from the fields of ``message``, each checked for its
+        type and range (limits.py); the name escaped and unique among its owner's tasks."""
+        given = bounds.text(message.get("name"), "name")
+        name = clean_name(given or info.name) or str(info.pid)
+        if given and self.registry.name_taken(name, info.uid) is not None:
+            taken = self.registry.name_taken(name, info.uid)
+            assert taken is not None
+            raise UsageError(
+                f"you already have a task named {name!r} (pid {taken.pid}); give another name"
+            )
+        name = self.registry.free_name(name, info.uid)
+        raw_gpus = message.get("gpus")
+        if raw_gpus is None:
+            raw_gpus = [0]
+        if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
+            raise UsageError(f"gpus must be a list of 1 to {MAX_GPUS} GPU indexes")
+        gpus = tuple(bounds.whole(g, "a GPU index", 0, bounds.MAX_GPU_INDEX) for g in raw_gpus)
+        mechanisms = self._mechanisms()
+        mechanism = bounds.text(message.get("mechanism"), "mechanism") or "auto"
+        chosen = mechanisms.get(mechanism)  # refuses mechanisms this machine lacks
+        if bounds.flag(message.get("check"), "check"):  # a running process: check it now
+            chosen.check(Target(pid=info.pid, start_time=info.start_time))
+        timeslice = message.get("timeslice_ms")
+        if timeslice is not None:
+            low, high = bounds.TIMESLICE_MS_RANGE
+            timeslice = bounds.number(timeslice, "--timeslice-ms", low, high)
+        min_share = message.get("min_share")
+        if min_share is not None:
+            min_share = bounds.number(min_share, "--min-share", 0, 1, open_low=True)
+        reserve = message.get("reserve_bytes") or 0
+        reserve = bounds.whole(reserve, "--reserve-memory", 0, bounds.MAX_RESERVE_BYTES)
+        if reserve and mechanisms.lock_unavailable:
+            raise UsageError(
+                "--reserve-memory needs memory eviction, which needs the NVIDIA driver "
+                f"checkpoint API, and this daemon has none ({mechanisms.lock_unavailable}); "
+                "leave --reserve-memory out"
+            )
+        priority = parse_priority(message.get("priority", 0))
+        if caller_uid is not None:
+            self.limits.check_priority(caller_uid, priority)
+        return Task(
+            task_id=self.registry.new_id(),
+            pid=info.pid,
+            # A process leading its own group (a shell job, a `gpreempt run` child) is
+            # preempted with its whole group, so helpers such as DataLoader workers stop too.
+            pgid=info.pgid if info.pgid == info.pid else None,
+            start_time=info.start_time,
+            uid=info.uid,
+            name=name,
+            priority=priority,
+            gpus=gpus,
+            mechanism=mechanism,
+            always_active=bounds.flag(message.get("always_active"), "always_active"),
+            timeslice_ms=timeslice,
+            min_share=min_share,
+            reserve_bytes=reserve,
+        )
