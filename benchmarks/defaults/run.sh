@@ -2,10 +2,10 @@
 # The defaults' cells (gpreempt run --priority low|high, nothing else set), on GPU 0.
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
-# task registered but idle), light, light3, heavy3, cupy, compiled, eager, sweep, grace.
-# Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats (1 for
-# grace and sweep; GRACES and SWEEP_REPEATS
-# choose). Each cell's results.json/report.md go to $OUT/<cell>/; a table is printed.
+# task registered but idle), light, light3, light3-no-request, heavy3, cupy, compiled, eager,
+# sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named),
+# 3 repeats (1 for grace and sweep; GRACES and SWEEP_REPEATS choose). Each cell's
+# results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -35,6 +35,8 @@ for group in "$@"; do
       --scenarios gpreempt,gpreempt-no-request ;;
     light3) cell light3 480 --repeats "$REPEATS" --case-b transformer-sync --bg 3 \
       --scenarios gpreempt,gpreempt-no-request ;;
+    light3-no-request) cell light3-no-request 480 --repeats "$REPEATS" --case-b transformer-sync \
+      --bg 3 --scenarios gpreempt-no-request ;;
     heavy3) cell heavy3 480 --repeats "$REPEATS" --case-a heavy --bg 3 --scenarios gpreempt ;;
     cupy) cell cupy 420 --repeats "$REPEATS" --case-b cupy --scenarios gpreempt,gpreempt-lock ;;
     compiled) cell compiled 480 --repeats "$REPEATS" --case-b transformer-compiled \
