@@ -40,7 +40,6 @@ LAYERS: dict[str, int] = {
     "__main__": 4,
     "cli": 4,
     "launcher": 4,
-    "cpu_demo": 4,
     "monitor": 4,
     "bench": 4,
 }
@@ -186,7 +185,7 @@ def test_core_modules_load_without_torch_or_nvml() -> None:
             "try:\n    import pynvml\nexcept ImportError:\n    pass\n",
             "at module level",
         ),
-        ("gpreempt.bench.nvml", "def f():\n    import pynvml\n", "only gpreempt.nvml"),
+        ("gpreempt.bench.gpu_sampler", "def f():\n    import pynvml\n", "only gpreempt.nvml"),
     ],
 )
 def test_the_checks_catch_a_wrong_import(module, source, expected) -> None:

@@ -2,11 +2,13 @@
 
 Layers (torch only in :mod:`.workloads`' builders, matplotlib only in :mod:`.plots`):
 
-- :mod:`.load`, :mod:`.stats`, :mod:`.eventlog`, :mod:`.metrics`, :mod:`.memory`: pure
-  computation (and the memory scenarios' plan);
+- :mod:`.load`, :mod:`.stats`, :mod:`.daemon_events`, :mod:`.scenario_metrics`,
+  :mod:`.memory_pressure`: pure computation (and the memory scenarios' plan);
 - :mod:`.loops`, :mod:`.workloads`: the benchmark processes (serve, train) and their handshake;
-- :mod:`.scenarios`, :mod:`.mps`, :mod:`.nvml`, :mod:`.device`: starting and watching processes;
-- :mod:`.runner`, :mod:`.report`, :mod:`.plots`, :mod:`.demo`: a whole run and its outputs.
+- :mod:`.scenarios`, :mod:`.mps`, :mod:`.gpu_sampler`, :mod:`.device`: starting and watching
+  processes;
+- :mod:`.runner`, :mod:`.report`, :mod:`.plots`, :mod:`.gpu_demo`, :mod:`.cpu_demo`: a whole
+  run and its outputs.
 """
 
 from __future__ import annotations

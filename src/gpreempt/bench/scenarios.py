@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpreemptError, UsageError
-from . import eventlog
-from .memory import MemoryPlan
+from . import daemon_events
+from .gpu_sampler import NvmlSampler
+from .memory_pressure import MemoryPlan
 from .mps import MpsDaemon
-from .nvml import NvmlSampler
 
 BASELINES = ("a-alone", "b-alone", "sequential", "time-sliced", "stream-priority")
 MPS_SCENARIOS = ("mps", "mps-priority")
@@ -422,7 +422,7 @@ class _Daemon:
 
     def events(self) -> list[dict[str, Any]]:
         """The event log so far (while the daemon runs)."""
-        return eventlog.read_log(self.runtime_dir / "events.jsonl")
+        return daemon_events.read_log(self.runtime_dir / "events.jsonl")
 
     def stop(self) -> list[dict[str, Any]]:
         """SIGTERM the daemon (it resumes every task), keep its event log and log."""
@@ -432,7 +432,7 @@ class _Daemon:
             source = self.runtime_dir / name
             if source.exists():
                 shutil.copy(source, self.directory / name)
-        events = eventlog.read_log(self.directory / "events.jsonl")
+        events = daemon_events.read_log(self.directory / "events.jsonl")
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
         return events
 
