@@ -46,7 +46,7 @@ SUBCOMMANDS = (
     "attach",
     "status",
     "events",
-    "control",
+    "manual",
     "top",
     "queues",
     "analyze",
