@@ -16,15 +16,9 @@ import pytest
 
 from gpreempt.bench import loops, memory_pressure, report, scenario_metrics
 from gpreempt.bench.runner import BenchConfig, run_bench
-from gpreempt.bench.scenarios import (
-    ALL_SCENARIOS,
-    DEFAULT_SCENARIOS,
-    OPT_IN_SCENARIOS,
-    Harness,
-    RawScenario,
-    Workloads,
-    run_scenario,
-)
+from gpreempt.bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, OPT_IN_SCENARIOS
+from gpreempt.bench.scenarios import Harness, RawScenario, run_scenario
+from gpreempt.bench.workload_argv import Workloads
 from gpreempt.errors import UsageError
 
 HERE = Path(__file__).parent

@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from gpreempt.bench import daemon_events, load, report, scenario_metrics, stats
-from gpreempt.bench.scenarios import RawScenario, check_scenarios
+from gpreempt.bench.scenario_catalog import check_scenarios
+from gpreempt.bench.scenarios import RawScenario
 from gpreempt.errors import UsageError
 
 

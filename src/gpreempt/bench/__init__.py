@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from .load import arrival_rate, poisson_arrivals
 from .runner import BenchConfig, run_bench
-from .scenarios import ALL_SCENARIOS, DEFAULT_SCENARIOS, Workloads
+from .scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS
+from .workload_argv import Workloads
 
 __all__ = [
     "ALL_SCENARIOS",

@@ -19,19 +19,16 @@ from .. import __version__
 from ..errors import UsageError
 from . import load, plots, report, stats
 from .memory_pressure import MemoryPlan, make_plan, probe_gpu
-from .scenario_metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
-from .scenarios import (
+from .scenario_catalog import (
     A_AFTER,
     ALL_SCENARIOS,
     DEFAULT_SCENARIOS,
     MEMORY_SCENARIOS,
-    Harness,
-    RawScenario,
-    Workloads,
-    calibrate,
     check_scenarios,
-    run_scenario,
 )
+from .scenario_metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
+from .scenarios import Harness, RawScenario, calibrate, run_scenario
+from .workload_argv import Workloads
 
 REFERENCES = ("a-alone", "b-alone")
 

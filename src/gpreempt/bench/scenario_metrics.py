@@ -23,13 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import daemon_events, stats
-from .scenarios import (
-    DAEMON_SETUPS,
-    DESCRIPTIONS,
-    MEMORY_SCENARIOS,
-    SCHEDULER_SCENARIO,
-    RawScenario,
-)
+from .scenario_catalog import DAEMON_SETUPS, DESCRIPTIONS, MEMORY_SCENARIOS, SCHEDULER_SCENARIO
+from .scenarios import RawScenario
 
 GIB = 1 << 30
 

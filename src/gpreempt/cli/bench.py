@@ -230,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     from ..bench.runner import BenchConfig, run_bench
-    from ..bench.scenarios import ALL_SCENARIOS, DEFAULT_SCENARIOS, Workloads, check_scenarios
+    from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
+    from ..bench.workload_argv import Workloads
     from ..bench.workloads import CASE_A_BATCH
 
     names = [s.strip() for s in (args.scenarios or "").split(",") if s.strip()]
