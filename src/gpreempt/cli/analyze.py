@@ -98,7 +98,7 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 
 
 def run_amd_log(args: argparse.Namespace) -> int:
-    from ..monitor import amd_log
+    from ..monitor import amd_log, amd_log_compare
 
     paths = [Path(p) for p in args.files]
     for p in paths:
@@ -115,7 +115,7 @@ def run_amd_log(args: argparse.Namespace) -> int:
         for p in paths:
             bar.set_description(p.name[:30])
             summaries.append(amd_log.analyze_file(p, progress=bar.update))
-    comparison = amd_log.compare(summaries, top=args.top) if len(summaries) > 1 else None
+    comparison = amd_log_compare.compare(summaries, top=args.top) if len(summaries) > 1 else None
     if args.json:
         doc = {
             "files": [s.to_dict(top=args.top) for s in summaries],
