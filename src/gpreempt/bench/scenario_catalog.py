@@ -1,5 +1,5 @@
-"""The scenarios ``gpreempt bench`` knows: their names, groups, descriptions, and how those
-run under a private daemon set up their tasks.
+"""The scenarios ``gpreempt bench`` knows: their names, groups and descriptions, and how each
+scenario with a private daemon sets up its tasks (:data:`DAEMON_SETUPS`).
 
 A scenario is named once here; :mod:`.scenarios` runs it, :mod:`.scenario_metrics` and
 :mod:`.report` describe it.
