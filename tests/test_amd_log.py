@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpreempt.cli import main
-from gpreempt.monitor import amd_log
-from gpreempt.monitor.amd_log import analyze_blocks, analyze_file, analyze_lines, compare
+from gpreempt.monitor import amd_log_scanner
+from gpreempt.monitor.amd_log import analyze_blocks, analyze_file, analyze_lines
+from gpreempt.monitor.amd_log_compare import compare
 from gpreempt.monitor.synthetic_log import log_line, write
 
 FIX = Path(__file__).parent / "fixtures" / "amd"
@@ -147,7 +148,7 @@ def test_any_block_boundary_gives_the_same_result(block):
 def test_folding_keeps_totals(monkeypatch):
     data = (FIX / "level4_two_processes.log").read_bytes()
     whole = analyze_blocks([data]).to_dict()
-    monkeypatch.setattr(amd_log, "FOLD_THRESHOLD", 1)
+    monkeypatch.setattr(amd_log_scanner, "FOLD_THRESHOLD", 1)
     folded = analyze_blocks([data[i : i + 500] for i in range(0, len(data), 500)]).to_dict()
     assert folded == whole
 

@@ -14,17 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpreempt.bench import loops, memory, metrics, report
+from gpreempt.bench import loops, memory_pressure, report, scenario_metrics
 from gpreempt.bench.runner import BenchConfig, run_bench
-from gpreempt.bench.scenarios import (
-    ALL_SCENARIOS,
-    DEFAULT_SCENARIOS,
-    OPT_IN_SCENARIOS,
-    Harness,
-    RawScenario,
-    Workloads,
-    run_scenario,
-)
+from gpreempt.bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, OPT_IN_SCENARIOS
+from gpreempt.bench.scenarios import Harness, RawScenario, run_scenario
+from gpreempt.bench.workload_argv import Workloads
 from gpreempt.errors import UsageError
 
 HERE = Path(__file__).parent
@@ -152,7 +146,7 @@ def test_opt_in_scenarios_run_and_report(tmp_path):
     assert "| gpreempt-scheduler | n/a |" in text and "| gpreempt-timeslice |" in text
 
 
-def _harness(tmp_path: Path, plan: memory.MemoryPlan | None, **work) -> Harness:
+def _harness(tmp_path: Path, plan: memory_pressure.MemoryPlan | None, **work) -> Harness:
     arrivals = tmp_path / "arrivals.json"
     arrivals.write_text(json.dumps([0.0, 0.01]))
     return Harness(
@@ -178,7 +172,7 @@ def _harness(tmp_path: Path, plan: memory.MemoryPlan | None, **work) -> Harness:
 def test_scenarios_that_cannot_run_here_are_invalid_with_the_reason(
     tmp_path, name, probe, work, reason
 ):
-    plan = memory.make_plan(probe(), 1.0) if probe else None
+    plan = memory_pressure.make_plan(probe(), 1.0) if probe else None
     raw = run_scenario(_harness(tmp_path, plan, **work), name, tmp_path / name, 1.0)
     assert raw.valid is False and reason in raw.reason
     assert json.loads((tmp_path / name / "scenario.json").read_text())["valid"] is False
@@ -186,7 +180,7 @@ def test_scenarios_that_cannot_run_here_are_invalid_with_the_reason(
 
 
 def test_the_baseline_runs_without_the_checkpoint_api():
-    plan = memory.make_plan(_probe(80, checkpoint=False)(), 3.0)
+    plan = memory_pressure.make_plan(_probe(80, checkpoint=False)(), 3.0)
     assert plan.problem is None and "try_driver() is None" in plan.checkpoint_problem
     assert plan.ballast_bytes == 40 * GIB and plan.growth_bytes == 40 * GIB
     assert plan.reserve_option() == "2048MiB" and plan.growth_at_s == pytest.approx(1.0)
@@ -201,12 +195,12 @@ def test_the_baseline_runs_without_the_checkpoint_api():
     ],
 )
 def test_memory_plans_that_do_not_fit_say_why(options, reason):
-    assert reason in memory.make_plan(_probe(80)(), 3.0, **options).problem
+    assert reason in memory_pressure.make_plan(_probe(80)(), 3.0, **options).problem
 
 
 def test_bad_memory_options_are_usage_errors():
     with pytest.raises(UsageError, match="--growth-gib"):
-        memory.make_plan({}, 1.0, growth_gib=-1)
+        memory_pressure.make_plan({}, 1.0, growth_gib=-1)
     with pytest.raises(UsageError, match="--growth-at-s"):
         BenchConfig(out_dir=Path("x"), growth_at_s=-1.0).check()
 
@@ -293,15 +287,15 @@ def test_memory_metrics_and_report_rows():
         {"t": 2.9, "task": "case-b-0", "event": "restore", "bytes": 8 * GIB, "latency_ms": 1000.0},
     ]
     raw.memory = {"b_exit_codes": [0], "restore_t": 2.9, "progress_from_t": 2.9}
-    row = metrics.scenario_metrics(raw, None, 100.0)
+    row = scenario_metrics.scenario_metrics(raw, None, 100.0)
     assert row["a_oom"] is False and row["a_growth_request_ms"] == pytest.approx(2400.0)
     assert row["memory_events"]["evict"]["gb_per_s"] == pytest.approx(8 * GIB / 2.0 / 1e9)
     assert row["memory_events"]["restore"]["seconds"] == pytest.approx(1.0)
     assert row["b_steps_after_restore"] == 3 and row["b_survived"] is True
     raw.memory["b_exit_codes"] = [-9]
-    dead = metrics.scenario_metrics(raw, None, 100.0)
+    dead = scenario_metrics.scenario_metrics(raw, None, 100.0)
     assert dead["b_survived"] is False
-    merged = metrics.combine_memory_flags({**row}, [row, {**dead, "a_oom": True}])
+    merged = scenario_metrics.combine_memory_flags({**row}, [row, {**dead, "a_oom": True}])
     assert merged["a_oom"] is True and merged["b_survived"] is False
     text = report.render({"params": {}, "scenarios": {"memory-pressure": {**row, "valid": True}}})
     assert "| memory-pressure | yes | yes | 4.0 | 1.0 | 2400.0 |" in text

@@ -7,8 +7,9 @@ import statistics
 
 import pytest
 
-from gpreempt.bench import eventlog, load, metrics, report, stats
-from gpreempt.bench.scenarios import RawScenario, check_scenarios
+from gpreempt.bench import daemon_events, load, report, scenario_metrics, stats
+from gpreempt.bench.scenario_catalog import check_scenarios
+from gpreempt.bench.scenarios import RawScenario
 from gpreempt.errors import UsageError
 
 
@@ -81,16 +82,16 @@ def test_event_log_periods_and_latencies(tmp_path):
         {"t": 11.0, "task": "case-b-1", "event": "suspend", "latency_ms": 2.0},
     ]
     log.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"t": 12, "ev')  # torn line
-    events = eventlog.read_events(log)
+    events = daemon_events.read_events(log)
     assert len(events) == 4
-    assert eventlog.suspend_latencies_ms(events) == [0.5, 2.0]
-    periods = eventlog.suspended_periods(events, "case-b", end=11.5)
+    assert daemon_events.suspend_latencies_ms(events) == [0.5, 2.0]
+    periods = daemon_events.suspended_periods(events, "case-b", end=11.5)
     assert periods == {"case-b-0": [(10.0, 10.2)], "case-b-1": [(11.0, 11.5)]}
-    assert eventlog.suspended_fraction(periods["case-b-0"], 10.0, 11.0) == pytest.approx(0.2)
-    assert eventlog.read_events(tmp_path / "missing.jsonl") == []
+    assert daemon_events.suspended_fraction(periods["case-b-0"], 10.0, 11.0) == pytest.approx(0.2)
+    assert daemon_events.read_events(tmp_path / "missing.jsonl") == []
     # a rotated log: the previous generation first
     (tmp_path / "events.jsonl.1").write_text(json.dumps({"t": 9.0, "event": "registered"}) + "\n")
-    assert [e["t"] for e in eventlog.read_log(log)][:2] == [9.0, 10.0]
+    assert [e["t"] for e in daemon_events.read_log(log)][:2] == [9.0, 10.0]
 
 
 def _raw(name, scheduled, ends, steps=None, events=(), valid=True):
@@ -111,7 +112,7 @@ def test_scenario_metrics_against_references():
     due = [0.0, 0.1, 0.2, 0.3]
     alone = _raw("a-alone", due, [t + 0.002 for t in due])
     b_alone = _raw("b-alone", None, None, steps=[[i / 100 for i in range(100)]])
-    b_rate = metrics.b_rate(b_alone)
+    b_rate = scenario_metrics.b_rate(b_alone)
     assert b_rate == pytest.approx(100.0)
     shared = _raw(
         "gpreempt-signal",
@@ -123,17 +124,19 @@ def test_scenario_metrics_against_references():
             {"t": 0.15, "task": "case-b-0", "event": "resume"},
         ],
     )
-    row = metrics.scenario_metrics(shared, alone, b_rate)
+    row = scenario_metrics.scenario_metrics(shared, alone, b_rate)
     assert row["a_p99_ratio"] == pytest.approx(2.0)
     assert row["b_kept"] == pytest.approx(15 / 0.304 / 100.0)
     assert row["a_served"] == pytest.approx(0.302 / 0.304)
     assert row["system_throughput"] == pytest.approx(row["a_served"] + row["b_kept"])
     assert row["preempt_latency_ms"]["p50"] == pytest.approx(0.3)
     assert row["b_suspended_fraction"] == pytest.approx(0.05 / 0.304)
-    ref = metrics.scenario_metrics(alone, alone, b_rate)
+    ref = scenario_metrics.scenario_metrics(alone, alone, b_rate)
     assert ref["a_p99_ratio"] == 1.0 and ref["b_kept"] == 0.0 and ref["system_throughput"] == 1.0
     assert ref["preempt_latency_ms"] is None
-    seq = metrics.sequential_metrics(ref, metrics.scenario_metrics(b_alone, alone, b_rate))
+    seq = scenario_metrics.sequential_metrics(
+        ref, scenario_metrics.scenario_metrics(b_alone, alone, b_rate)
+    )
     assert seq["system_throughput"] == 1.0 and seq["b_kept"] == 0.0 and seq["valid"]
 
 

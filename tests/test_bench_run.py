@@ -12,7 +12,7 @@ import pytest
 
 from gpreempt.bench.mps import MpsDaemon
 from gpreempt.bench.runner import BenchConfig, run_bench
-from gpreempt.bench.scenarios import Workloads
+from gpreempt.bench.workload_argv import Workloads
 from gpreempt.cli import main
 
 HERE = Path(__file__).parent

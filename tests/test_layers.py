@@ -1,7 +1,7 @@
 """The package's layers import one way, and its core never loads torch or NVML on import.
 
 The README states the layering: protocol and the other core modules <- policy <- mechanisms
-<- daemon, client <- cli, launcher, monitor, bench. This test reads every module's imports
+<- daemon, client <- cli, monitor, bench. This test reads every module's imports
 with `ast` (nothing is imported, so it runs without torch or a GPU) and fails, naming the file
 and line, when a module imports one of a higher layer, when the daemon and the client import
 each other, when a module below the command line imports torch or NVML at module level (the
@@ -33,14 +33,12 @@ LAYERS: dict[str, int] = {
     "mechanisms": 2,
     "daemon": 3,
     "client": 3,
-    # the ptrace tracer of mechanism kfd, run by the launcher
+    # the ptrace tracer of mechanism kfd, run by the launcher (client/launcher.py)
     "tracer": 3,
     # The public facade (`gpreempt/__init__.py`) re-exports the client, so it sits on top.
     "": 4,
     "__main__": 4,
     "cli": 4,
-    "launcher": 4,
-    "cpu_demo": 4,
     "monitor": 4,
     "bench": 4,
 }
@@ -49,9 +47,7 @@ LAYERS: dict[str, int] = {
 SIBLINGS_APART = {frozenset({"daemon", "client"})}
 
 #: Modules of these parts load on a machine without torch or NVML.
-NO_HEAVY_IMPORTS = {
-    name for name, rank in LAYERS.items() if rank <= 3 or name in ("cli", "launcher", "")
-}
+NO_HEAVY_IMPORTS = {name for name, rank in LAYERS.items() if rank <= 3 or name in ("cli", "")}
 HEAVY = ("torch", "pynvml")
 
 
@@ -186,7 +182,7 @@ def test_core_modules_load_without_torch_or_nvml() -> None:
             "try:\n    import pynvml\nexcept ImportError:\n    pass\n",
             "at module level",
         ),
-        ("gpreempt.bench.nvml", "def f():\n    import pynvml\n", "only gpreempt.nvml"),
+        ("gpreempt.bench.gpu_sampler", "def f():\n    import pynvml\n", "only gpreempt.nvml"),
     ],
 )
 def test_the_checks_catch_a_wrong_import(module, source, expected) -> None:

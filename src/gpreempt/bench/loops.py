@@ -220,7 +220,7 @@ def train(step: Handler, stop: Callable[[], bool], max_seconds: float) -> list[f
 
 class DeviceMemory(Protocol):
     """Device memory as the memory-pressure scenarios use it (torch's in
-    :class:`gpreempt.bench.workloads.TorchMemory`; ``--memory-fn`` names another)."""
+    :class:`gpreempt.bench.builtin_workloads.TorchMemory`; ``--memory-fn`` names another)."""
 
     def free_bytes(self) -> int:
         """Free memory on the device now."""

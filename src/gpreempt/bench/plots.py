@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import eventlog
-from .metrics import a_latencies_ms
+from . import daemon_events
+from .scenario_metrics import a_latencies_ms
 from .scenarios import RawScenario
 
 
@@ -82,7 +82,7 @@ def timeline(raws: Mapping[str, RawScenario], out_dir: Path, span_s: float = 0.1
             )
             if done >= begin and due <= end
         ]
-        periods = eventlog.suspended_periods(raw.events, "case-b", raw.window[1])  # type: ignore[index]
+        periods = daemon_events.suspended_periods(raw.events, "case-b", raw.window[1])  # type: ignore[index]
         data[name] = {
             "origin_unix_t": begin,
             "requests_arrival_start_end_s": requests,

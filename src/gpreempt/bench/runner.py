@@ -18,20 +18,17 @@ from typing import Any
 from .. import __version__
 from ..errors import UsageError
 from . import load, plots, report, stats
-from .memory import MemoryPlan, make_plan, probe_gpu
-from .metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
-from .scenarios import (
+from .memory_pressure import MemoryPlan, make_plan, probe_gpu
+from .scenario_catalog import (
     A_AFTER,
     ALL_SCENARIOS,
     DEFAULT_SCENARIOS,
     MEMORY_SCENARIOS,
-    Harness,
-    RawScenario,
-    Workloads,
-    calibrate,
     check_scenarios,
-    run_scenario,
 )
+from .scenario_metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
+from .scenarios import Harness, RawScenario, calibrate, run_scenario
+from .workload_argv import Workloads
 
 REFERENCES = ("a-alone", "b-alone")
 
@@ -57,7 +54,7 @@ class BenchConfig:
     serve_args: tuple[str, ...] = ()  # extra options for the scenarios' private daemon
     probe_device: bool = True
     command: str = ""
-    # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory)
+    # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory_pressure)
     ballast_gib: float | None = None
     growth_gib: float | None = None
     reserve_gib: float | None = None

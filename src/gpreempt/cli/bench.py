@@ -56,7 +56,7 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..bench.workloads import CASE_B_KINDS
+    from ..bench.builtin_workloads import CASE_B_KINDS
 
     parser = subparsers.add_parser(
         "bench",
@@ -229,9 +229,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from ..bench.builtin_workloads import CASE_A_BATCH
     from ..bench.runner import BenchConfig, run_bench
-    from ..bench.scenarios import ALL_SCENARIOS, DEFAULT_SCENARIOS, Workloads, check_scenarios
-    from ..bench.workloads import CASE_A_BATCH
+    from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
+    from ..bench.workload_argv import Workloads
 
     names = [s.strip() for s in (args.scenarios or "").split(",") if s.strip()]
     if names == ["all"]:

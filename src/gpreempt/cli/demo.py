@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.requests < 20:
         raise UsageError("--requests must be at least 20 for a meaningful P99")
     if not args.cpu and gpu_available():
-        from ..bench.demo import run_gpu_demo
+        from ..bench.gpu_demo import run_gpu_demo
 
         console.print("GPU found: Case-A ResNet-50 inference beside Case-B Transformer training.")
         result = run_gpu_demo(quick=True)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"full results: {result['out_dir']}")
         return 0
 
-    from ..cpu_demo import run_demo
+    from ..bench.cpu_demo import run_demo
 
     console.print(
         "[bold]No GPU here:[/bold] running the same scenario on the CPU, with the signal "

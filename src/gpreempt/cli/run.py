@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..client.launcher import Launcher, TaskSpec
     from ..config import idle_grace_ms, request_linger_ms, request_warm
-    from ..launcher import Launcher, TaskSpec
 
     idle_grace_ms(), request_linger_ms(), request_warm()  # a bad setting fails here, not in CMD
     command = list(args.command)

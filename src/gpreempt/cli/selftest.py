@@ -172,7 +172,7 @@ def _exists(mechanism: str, mode: str) -> Row:
 
 
 def _env(runtime: Path) -> dict[str, str]:
-    from ..launcher import _env_with_package
+    from ..client.launcher import _env_with_package
 
     env = _env_with_package(os.environ.copy())
     env["GPREEMPT_RUNTIME_DIR"] = str(runtime)

@@ -27,10 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gpreempt
-
-from .client.connection import DaemonClient
-from .config import (
+from ..config import (
     DAEMON_LOG_NAME,
     ENV_RUNTIME_DIR,
     ENV_TASK_ID,
@@ -38,7 +35,8 @@ from .config import (
     env_number,
     resolve_runtime_dir,
 )
-from .errors import DaemonUnavailable, GpreemptError, UsageError
+from ..errors import DaemonUnavailable, GpreemptError, UsageError
+from .connection import DaemonClient
 
 #: How long to wait for a daemon we started to answer.
 DAEMON_START_TIMEOUT_S = 10.0
@@ -57,8 +55,9 @@ _WAIT_THEN_EXEC = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 
-AGENT_SITE = Path(__file__).resolve().parent / "client" / "_agent_site"
-PACKAGE_ROOT = Path(gpreempt.__file__).resolve().parent.parent
+AGENT_SITE = Path(__file__).resolve().parent / "_agent_site"
+#: The directory that holds the ``gpreempt`` package (``src/`` of a checkout).
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -166,6 +165,26 @@ def child_environment(runtime_dir: Path) -> dict[str, str]:
     return _env_with_package(env)
 
 
+def release_driver_hold(pid: int) -> None:
+    """Restore (if checkpointed) and unlock a process the NVIDIA driver holds; nothing where
+    the driver's checkpoint API is missing. The daemon does the same for the processes it
+    left locked (``daemon/persist.py``); the launcher, a client, must not import the daemon."""
+    from ..mechanisms.cuda_driver import ProcessState, try_driver
+
+    driver = try_driver()
+    if driver is None:
+        return
+    try:
+        state = driver.state(pid)
+    except GpreemptError:
+        return
+    if state == ProcessState.CHECKPOINTED:
+        driver.restore(pid)
+        state = driver.state(pid)
+    if state == ProcessState.LOCKED:
+        driver.unlock(pid)
+
+
 class Launcher:
     """Runs one command under the daemon, from start to exit code."""
 
@@ -199,7 +218,7 @@ class Launcher:
         finally:
             os.close(go_r)
         if self.spec.mechanism == "kfd":  # KFD answers the ptrace parent: trace the command
-            from .tracer import traced
+            from ..tracer import traced
 
             try:
                 self.process = traced(self.process)  # type: ignore[assignment]
@@ -311,11 +330,8 @@ class Launcher:
     def _resume_child(self) -> bool:
         """Unlock the command in the driver and SIGCONT its group; False if it is gone."""
         assert self.process is not None
-        from .daemon.persist import resume_locked
-        from .mechanisms.base import Target
-
         try:
-            resume_locked(Target(pid=self.process.pid))
+            release_driver_hold(self.process.pid)
         except GpreemptError as exc:
             say(f"could not unlock {self.process.pid} in the driver: {exc}")
         if hasattr(self.process, "resume_queues"):  # mechanism kfd: its GPU queues

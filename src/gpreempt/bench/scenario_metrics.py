@@ -22,14 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import eventlog, stats
-from .scenarios import (
-    DAEMON_SETUPS,
-    DESCRIPTIONS,
-    MEMORY_SCENARIOS,
-    SCHEDULER_SCENARIO,
-    RawScenario,
-)
+from . import daemon_events, stats
+from .scenario_catalog import DAEMON_SETUPS, DESCRIPTIONS, MEMORY_SCENARIOS, SCHEDULER_SCENARIO
+from .scenarios import RawScenario
 
 GIB = 1 << 30
 
@@ -111,11 +106,11 @@ def scenario_metrics(
             min(1.0, suspended / window) if suspended is not None and window else None
         )
     elif raw.name in DAEMON_SETUPS:
-        events = eventlog.in_window(raw.events, *raw.window) if raw.window else raw.events
-        row["preempt_latency_ms"] = stats.tail_summary(eventlog.suspend_latencies_ms(events))
+        events = daemon_events.in_window(raw.events, *raw.window) if raw.window else raw.events
+        row["preempt_latency_ms"] = stats.tail_summary(daemon_events.suspend_latencies_ms(events))
         if raw.window:
-            periods = eventlog.suspended_periods(raw.events, "case-b", raw.window[1])
-            fractions = [eventlog.suspended_fraction(p, *raw.window) for p in periods.values()]
+            periods = daemon_events.suspended_periods(raw.events, "case-b", raw.window[1])
+            fractions = [daemon_events.suspended_fraction(p, *raw.window) for p in periods.values()]
             row["b_suspended_fraction"] = sum(fractions) / len(fractions) if fractions else 0.0
         row["suspensions"] = sum(1 for e in events if e.get("event") == "suspend")
     else:

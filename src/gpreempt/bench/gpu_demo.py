@@ -20,7 +20,7 @@ def run_gpu_demo(quick: bool = True, out_dir: Path | None = None) -> dict[str, A
     report.md, plots) go to ``out_dir``, by default a new temporary directory.
     """
     from .runner import BenchConfig, run_bench
-    from .scenarios import Workloads
+    from .workload_argv import Workloads
 
     directory = out_dir or Path(tempfile.mkdtemp(prefix="gpreempt-demo-"))
     config = BenchConfig(

@@ -6,8 +6,8 @@ amount of work (its "inference"); Case-B runs "training steps" as fast as it can
 runs Case-A alone, beside Case-B without gpreempt, and beside Case-B under gpreempt, and
 reports Case-A's latency and Case-B's step rate in each.
 
-    python -m gpreempt.cpu_demo serve --requests N --load L --out FILE
-    python -m gpreempt.cpu_demo train --out FILE
+    python -m gpreempt.bench.cpu_demo serve --requests N --load L --out FILE
+    python -m gpreempt.bench.cpu_demo train --out FILE
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench.load import poisson_arrivals
-from .bench.stats import latency_summary
+from .load import poisson_arrivals
+from .stats import latency_summary
 
 #: Work units of one Case-A request and one Case-B step (calibrated to milliseconds).
 REQUEST_UNITS = 60_000
@@ -99,7 +99,7 @@ def service_ms() -> float:
 
 
 def _python(module_args: list[str], runtime_dir: Path, under: list[str] | None) -> list[str]:
-    command = [sys.executable, "-m", "gpreempt.cpu_demo", *module_args]
+    command = [sys.executable, "-m", "gpreempt.bench.cpu_demo", *module_args]
     if under is None:
         return command
     return [
@@ -187,7 +187,7 @@ def run_demo(requests: int = 200, load: float = 0.5, progress: Any = None) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m gpreempt.cpu_demo")
+    parser = argparse.ArgumentParser(prog="python -m gpreempt.bench.cpu_demo")
     sub = parser.add_subparsers(dest="role", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--requests", type=int, required=True)

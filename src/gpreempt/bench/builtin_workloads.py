@@ -1,0 +1,172 @@
+"""The built-in benchmark workloads (torch, or CuPy, is imported only when one is built):
+
+- Case-A, online inference: :func:`resnet50_server`, torchvision ResNet-50 with random weights
+  (nothing is downloaded), fp16, channels-last, replayed from a CUDA graph; one request copies a
+  pinned input batch in, replays the graph and copies the logits out.
+- Case-B, offline training: :func:`transformer_trainer`, an 8-layer Transformer encoder
+  (d=1024, 16 heads, batch 16x512) in eager PyTorch with bf16 autocast and AdamW; its variants
+  (:data:`CASE_B_KINDS`), and :func:`cupy_trainer`, a GEMM loop without PyTorch.
+- :class:`TorchMemory`: device memory through torch, for the memory-pressure scenarios.
+
+:mod:`.workloads` runs them as the benchmark's processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: Case-A variants: name -> ResNet-50 batch size (``eager``: batch 8, no CUDA graph).
+CASE_A_BATCH = {"light": 8, "heavy": 64, "eager": 8}
+#: Case-B variants (``--case-b``): the Transformer as most people write it (eager), reading its
+#: loss every step (which synchronises), compiled with ``torch.compile``, and a CuPy GEMM loop
+#: (no PyTorch in the process, so no launch gate).
+CASE_B_KINDS = ("transformer", "transformer-sync", "transformer-compiled", "cupy")
+
+
+def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
+    """Case-A: one call serves one request of ``batch`` 224x224 images on ResNet-50 fp16."""
+    import torch
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    dtype = torch.float16 if on_gpu else torch.float32
+    model = torchvision.models.resnet50(weights=None).to(dev, dtype).eval()
+    model = model.to(memory_format=torch.channels_last)
+    host_in = torch.randn(batch, 3, 224, 224, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+    if on_gpu:
+        host_in = host_in.pin_memory()
+    static_in = torch.empty_like(host_in, device=dev)
+    static_in.copy_(host_in)
+    host_out = torch.empty(batch, 1000, dtype=dtype, pin_memory=on_gpu)
+
+    with torch.inference_mode():
+        if on_gpu and graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                static_out = model(static_in)
+            torch.cuda.synchronize()
+
+            def request() -> None:
+                stream = torch.cuda.current_stream()
+                static_in.copy_(host_in, non_blocking=True)
+                cuda_graph.replay()
+                host_out.copy_(static_out, non_blocking=True)
+                stream.synchronize()
+
+            return request
+
+    def eager_request() -> None:
+        with torch.inference_mode():
+            out = model(host_in.to(dev, non_blocking=True))
+            host_out.copy_(out)
+
+    return eager_request
+
+
+def transformer_trainer(
+    d_model: int = 1024,
+    layers: int = 8,
+    batch: int = 16,
+    seq: int = 512,
+    device: str = "cuda",
+    sync_loss: bool = False,
+    compiled: bool = False,
+) -> Callable[[], Any]:
+    """Case-B: one call queues one training step; returns an event that completes with it.
+
+    ``sync_loss``: read the loss every step (``loss.item()``, as loops that log it do), which
+    waits for the step; ``compiled``: the model under ``torch.compile``."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, nhead=16, dim_feedforward=4 * d_model, batch_first=True, norm_first=True
+    )
+    model = torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
+    model = model.to(dev).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compiled else model
+    x = torch.randn(batch, seq, d_model, device=dev)
+    target = torch.randn(batch, seq, d_model, device=dev)
+    losses: list[float] = []
+    if on_gpu:
+        torch.cuda.synchronize()
+
+    def step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            out = forward(x)
+        loss = F.mse_loss(out.float(), target)
+        loss.backward()
+        optimizer.step()
+        if sync_loss:
+            losses.append(loss.item())
+            return None
+        if on_gpu:
+            event = torch.cuda.Event(blocking=True)
+            event.record()
+            return event
+        return None
+
+    return step
+
+
+class TorchMemory:
+    """Device memory through torch: blocks are uint8 tensors, written once so they are real."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device(device)
+
+    def free_bytes(self) -> int:
+        return int(self._torch.cuda.mem_get_info(self.device)[0])
+
+    def allocate(self, nbytes: int) -> Any:
+        torch = self._torch
+        try:
+            block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise MemoryError(str(exc)) from None
+        block.fill_(1)
+        return block
+
+    def release(self, blocks: list[Any]) -> None:
+        blocks.clear()
+        self._torch.cuda.synchronize(self.device)
+        self._torch.cuda.empty_cache()  # back to the driver, not only to torch's cache
+
+
+def cupy_trainer(n: int = 4096, gemms: int = 48) -> Callable[[], Any]:
+    """Case-B without PyTorch: one call queues ``gemms`` fp16 GEMMs of n x n with CuPy and
+    returns an event that completes with them (the loop runs ahead as such loops do)."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    b = rng.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    out = cp.empty_like(a)
+    cp.cuda.Device().synchronize()
+
+    def step() -> Any:
+        for _ in range(gemms):
+            cp.matmul(a, b, out=out)
+        event = cp.cuda.Event(block=True)
+        event.record()
+        return event
+
+    return step
