@@ -36,6 +36,7 @@ from ..config import (
     resolve_runtime_dir,
 )
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
+from ..mechanisms.cuda_driver import release_process
 from .connection import DaemonClient
 
 #: How long to wait for a daemon we started to answer.
@@ -163,26 +164,6 @@ def child_environment(runtime_dir: Path) -> dict[str, str]:
     parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return _env_with_package(env)
-
-
-def release_driver_hold(pid: int) -> None:
-    """Restore (if checkpointed) and unlock a process the NVIDIA driver holds; nothing where
-    the driver's checkpoint API is missing. The daemon does the same for the processes it
-    left locked (``daemon/persist.py``); the launcher, a client, must not import the daemon."""
-    from ..mechanisms.cuda_driver import ProcessState, try_driver
-
-    driver = try_driver()
-    if driver is None:
-        return
-    try:
-        state = driver.state(pid)
-    except GpreemptError:
-        return
-    if state == ProcessState.CHECKPOINTED:
-        driver.restore(pid)
-        state = driver.state(pid)
-    if state == ProcessState.LOCKED:
-        driver.unlock(pid)
 
 
 class Launcher:
@@ -331,7 +312,7 @@ class Launcher:
         """Unlock the command in the driver and SIGCONT its group; False if it is gone."""
         assert self.process is not None
         try:
-            release_driver_hold(self.process.pid)
+            release_process(self.process.pid)
         except GpreemptError as exc:
             say(f"could not unlock {self.process.pid} in the driver: {exc}")
         if hasattr(self.process, "resume_queues"):  # mechanism kfd: its GPU queues

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GpreemptError
 from ..mechanisms.base import Target
-from ..mechanisms.cuda_driver import try_driver
+from ..mechanisms.cuda_driver import release_process
 from ..procinfo import alive, open_verified
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
         target = Target(pid=record.pid, pgid=record.pgid)
         try:
             if record.mechanism in ("lock", "evict"):
-                resume_locked(target)
+                release_process(target.pid)
             if record.mechanism == "kfd":  # its queues, through its launcher's tracer
                 from ..mechanisms.kfd import request
 
@@ -150,24 +150,6 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
     with contextlib.suppress(OSError):  # a full disk: the next write tries again
         save(path, [])
     return outcomes
-
-
-def resume_locked(target: Target) -> None:
-    """Unlock (and restore first, if checkpointed) a process the driver holds."""
-    from ..mechanisms.cuda_driver import ProcessState
-
-    driver = try_driver()
-    if driver is None:
-        return
-    try:
-        state = driver.state(target.pid)
-    except GpreemptError:
-        return
-    if state == ProcessState.CHECKPOINTED:
-        driver.restore(target.pid)
-        state = driver.state(target.pid)
-    if state == ProcessState.LOCKED:
-        driver.unlock(target.pid)
 
 
 class StateFiles:

@@ -13,7 +13,7 @@ import ctypes
 import enum
 import threading
 
-from ..errors import MechanismFailed, MechanismUnavailable
+from ..errors import GpreemptError, MechanismFailed, MechanismUnavailable
 
 
 class ProcessState(enum.IntEnum):
@@ -152,3 +152,21 @@ def try_driver() -> CheckpointDriver | None:
         return CheckpointDriver.get()
     except MechanismUnavailable:
         return None
+
+
+def release_process(pid: int) -> None:
+    """Restore (if checkpointed) and unlock a process the driver holds; nothing where the
+    checkpoint API is missing or the driver does not know the process. Used by whoever finds
+    a process left held: a new daemon, or a launcher whose daemon went away."""
+    driver = try_driver()
+    if driver is None:
+        return
+    try:
+        state = driver.state(pid)
+    except GpreemptError:
+        return
+    if state == ProcessState.CHECKPOINTED:
+        driver.restore(pid)
+        state = driver.state(pid)
+    if state == ProcessState.LOCKED:
+        driver.unlock(pid)
