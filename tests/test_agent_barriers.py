@@ -23,16 +23,19 @@ class _Session:
     ("mechanism", "env", "expected"),
     [
         ("gate", None, gate_mod.RUN_BARRIER_MS),  # the default for the gate mechanism
-        ("gate", "0", None),  # the environment decides (0: none)
-        ("gate", "0.1", None),
+        ("gate", "0", 0.0),  # the environment decides (0: none)
+        ("gate", "0.05", 0.05),
         ("auto", None, gate_mod.RUN_BARRIER_MS),  # the default mechanism: the same
-        ("auto", "0", None),
+        ("auto", "0", 0.0),
         ("lock", None, 0.0),
+        ("lock", "0.05", 0.0),  # other mechanisms: none, whatever the environment says
     ],
 )
 def test_barriers_by_mechanism(monkeypatch, mechanism, env, expected) -> None:
     seen = {}
-    monkeypatch.setattr(gate_mod, "install_gate", lambda control, **kw: seen.update(kw) or "g")
+    monkeypatch.setattr(
+        gate_mod, "install_gate", lambda control, config: seen.update(config=config) or "g"
+    )
     monkeypatch.delenv(agent.ENV_GATE, raising=False)
     if env is None:
         monkeypatch.delenv(gate_mod.ENV_BARRIER_MS, raising=False)
@@ -40,4 +43,4 @@ def test_barriers_by_mechanism(monkeypatch, mechanism, env, expected) -> None:
         monkeypatch.setenv(gate_mod.ENV_BARRIER_MS, env)
     current = _Session(mechanism)
     assert agent.install_gate_for(current) == "g" and current.gate == "g"
-    assert seen["barrier_ms"] == expected
+    assert seen["config"].barrier_ms == expected

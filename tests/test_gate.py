@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from gpreempt.client import gate as gate_mod  # noqa: E402
 from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
-from gpreempt.client.gate_build import NativeGateUnavailable, load_native  # noqa: E402
+from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
 from gpreempt.control import ControlBlock, closed_while_watched  # noqa: E402
 from gpreempt.errors import UsageError  # noqa: E402
 
@@ -52,7 +52,7 @@ def control():
 def _install(control: ControlBlock, impl: str, **kwargs):
     kwargs.setdefault("bound", True)
     kwargs.setdefault("auto_activity", False)
-    gate = install_gate(control, prefer_native=impl == "native", **kwargs)
+    gate = install_gate(control, resolve_config(**kwargs), prefer_native=impl == "native")
     assert gate.native == (impl == "native")
     return gate
 
@@ -327,7 +327,7 @@ def test_config_precedence_and_validation(monkeypatch):
 
 def test_env_forces_python_fallback(control, monkeypatch):
     monkeypatch.setenv("GPREEMPT_GATE_NATIVE", "0")
-    gate = install_gate(control, bound=True, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
     assert not gate.native
 
 

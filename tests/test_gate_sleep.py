@@ -3,6 +3,7 @@ moment the daemon withdraws that, closes the gate or a watched task becomes acti
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpreempt.client import gate as gate_mod  # noqa: E402
-from gpreempt.client.gate import install_gate  # noqa: E402
-from gpreempt.client.gate_build import NativeGateUnavailable, load_native  # noqa: E402
+from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
+from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
 from gpreempt.control import ControlBlock  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def _launches_seen(gate, x) -> int:
 
 
 def test_a_bound_gate_sleeps_only_while_the_daemon_allows_it(control):
-    gate = install_gate(control, bound=True, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
     x = torch.ones(4)
     time.sleep(0.05)
     assert not gate.stats()["asleep"]  # never without the daemon's word
@@ -63,12 +64,12 @@ def test_a_bound_gate_sleeps_only_while_the_daemon_allows_it(control):
 
 
 def test_closing_the_gate_wakes_it_and_stops_the_next_operator(control):
-    gate = install_gate(control, bound=True, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
     control.set_sleep_ok(True)
     assert _until(lambda: gate.stats()["asleep"])
     control.set_gate(True)
     assert _until(lambda: not gate.stats()["asleep"], 0.5)
-    opener = gate_mod.threading.Timer(0.3, lambda: control.set_gate(False))
+    opener = threading.Timer(0.3, lambda: control.set_gate(False))
     opener.start()
     began = time.monotonic()
     y = torch.ones(4) + 1  # waits at the closed gate
@@ -79,7 +80,7 @@ def test_closing_the_gate_wakes_it_and_stops_the_next_operator(control):
 
 
 def test_a_watched_task_starting_wakes_it(control):
-    gate = install_gate(control, bound=True, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
     high = ControlBlock.create()
     try:
         gate.watch([high.address])
@@ -95,15 +96,15 @@ def test_a_watched_task_starting_wakes_it(control):
 
 
 def test_an_unbound_gate_never_sleeps_and_uninstall_restores_the_hook(control):
-    gate = install_gate(control, bound=False, auto_activity=True)
+    gate = install_gate(control, resolve_config(bound=False, auto_activity=True))
     control.set_sleep_ok(True)
     time.sleep(0.05)
     assert not gate.stats()["asleep"]
     gate.uninstall()
-    bound = install_gate(control, bound=True, auto_activity=False)
+    bound = install_gate(control, resolve_config(bound=True, auto_activity=False))
     assert _until(lambda: bound.stats()["asleep"])
     bound.uninstall()  # while asleep
-    again = install_gate(control, bound=True, auto_activity=False)
+    again = install_gate(control, resolve_config(bound=True, auto_activity=False))
     assert _until(lambda: again.stats()["asleep"])
     control.set_sleep_ok(False)
     assert _until(lambda: not again.stats()["asleep"], 0.5)

@@ -30,7 +30,7 @@ time.sleep(60)
 
 
 def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: Path) -> None:
-    from gpreempt.client.gate_build import NativeGateUnavailable, load_native
+    from gpreempt.client.gate.build import NativeGateUnavailable, load_native
 
     try:
         load_native()

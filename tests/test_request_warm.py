@@ -111,7 +111,7 @@ def test_warm_launches_nothing_without_cuda(monkeypatch) -> None:
     launched: list[int] = []
     monkeypatch.setattr(torch.cuda, "_sleep", launched.append, raising=False)
     block = ControlBlock.create()
-    gate = gate_mod.install_gate(block, bound=False, auto_activity=False)
+    gate = gate_mod.install_gate(block, gate_mod.resolve_config(bound=False, auto_activity=False))
     try:
         gate.warm()
     finally:

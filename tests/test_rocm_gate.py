@@ -54,7 +54,7 @@ int hipHostGetDevicePointer(void** device, void* host, unsigned flags) {
 @pytest.fixture(scope="module")
 def native():
     pytest.importorskip("torch")
-    from gpreempt.client.gate_build import NativeGateUnavailable, load_native
+    from gpreempt.client.gate.build import NativeGateUnavailable, load_native
 
     try:
         return load_native()

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpreempt  # noqa: E402
-from gpreempt.client.gate_build import NativeGateUnavailable, load_native  # noqa: E402
+from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
 from gpreempt.client.scheduler import GPUScheduler  # noqa: E402
 from gpreempt.errors import UsageError  # noqa: E402
 

@@ -3,7 +3,7 @@
 #   OUT=dir bash benchmarks/2026-11-21-h200/run-bg3-heavy-trace.sh
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-python3 -m gpreempt.client.gate_build 2>&1 | tail -1
+python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 timeout 200 python3 -m gpreempt bench --quick --bg 3 --out /tmp/bg3 \
   --scenarios time-sliced,gpreempt-signal,gpreempt-gate,gpreempt-auto > "$OUT/bg3.log" 2>&1
 echo "bg3 rc=$?"

@@ -13,7 +13,7 @@ unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 : "${REPEATS:=3}"
 work=/tmp/gpreempt-defaults
 mkdir -p "$work" "$OUT"
-python3 -m gpreempt.client.gate_build 2>&1 | tail -1
+python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 cell() {  # name, timeout s, bench options...
   local name=$1 limit=$2; shift 2
   rm -rf "$work/$name"

@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 settings=("$@")
 [ ${#settings[@]} -gt 0 ] || settings=(default no-barriers)
 mkdir -p "$OUT"
-python3 -m gpreempt.client.gate_build 2>&1 | tail -1
+python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 for setting in "${settings[@]}"; do
   unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_REQUEST_LINGER_MS GPREEMPT_REQUEST_WARM
   case $setting in

@@ -25,7 +25,7 @@ for arg in "$@"; do
   esac
 done
 [ ${#cells[@]} -gt 0 ] || cells=(bg1 bg3 heavy-bg1 heavy-bg3)
-python3 -m gpreempt.client.gate_build 2>&1 | tail -1
+python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 for name in "${cells[@]}"; do
   case $name in
     bg1) opts=(--bg 1 --requests 2000) ;;

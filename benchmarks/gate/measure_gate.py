@@ -34,8 +34,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-from gpreempt.client.gate import RUN_BARRIER_MS, install_gate  # noqa: E402
-from gpreempt.client.gate_build import load_native  # noqa: E402
+from gpreempt.client.gate import RUN_BARRIER_MS, install_gate, resolve_config  # noqa: E402
+from gpreempt.client.gate.build import load_native  # noqa: E402
 from gpreempt.control import ControlBlock  # noqa: E402
 
 
@@ -140,7 +140,9 @@ def measure_overhead(
             kwargs = dict(OVERHEAD_CONFIGS[name] or {})
             control.set_window_share(kwargs.pop("share_ms", None))
             control.set_sleep_ok(kwargs.pop("sleep_ok", False))
-            gate = install_gate(control, **kwargs) if OVERHEAD_CONFIGS[name] else None
+            gate = (
+                install_gate(control, resolve_config(**kwargs)) if OVERHEAD_CONFIGS[name] else None
+            )
             if gate is not None and control.sleep_ok:
                 deadline = time.monotonic() + 1.0
                 while not gate.stats().get("asleep") and time.monotonic() < deadline:
@@ -180,7 +182,7 @@ def measure_drain(trainer: Trainer, control: ControlBlock, closures: int) -> dic
     }
     out: dict[str, dict] = {}
     for name, kwargs in configs.items():
-        gate = install_gate(control, **kwargs)
+        gate = install_gate(control, resolve_config(**kwargs))
         stop = threading.Event()
         drains: list[float] = []
         notice: list[float] = []
@@ -240,7 +242,7 @@ def measure_activity(control: ControlBlock, blocks: int, per_block: int) -> dict
         for _block in range(blocks):
             for name in ("none", "auto"):
                 gate = (
-                    install_gate(control, bound=False, auto_activity=True)
+                    install_gate(control, resolve_config(bound=False, auto_activity=True))
                     if name == "auto"
                     else None
                 )
@@ -313,7 +315,7 @@ def measure_identical(control: ControlBlock, steps: int) -> dict:
         },
         "default_toggled": {"bound": True, "auto_activity": False},
     }.items():
-        gate = install_gate(control, **kwargs)
+        gate = install_gate(control, resolve_config(**kwargs))
         stop = threading.Event()
 
         def toggler(stop=stop) -> None:

@@ -20,7 +20,7 @@ pytestmark = [
 ]
 
 from gpreempt.client import gate as gate_mod  # noqa: E402
-from gpreempt.client.gate import install_gate  # noqa: E402
+from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
 from gpreempt.control import ControlBlock  # noqa: E402
 
 
@@ -45,12 +45,14 @@ def _matmuls(n: int, size: int = 2048) -> torch.Tensor:
 def test_bound_records_events_and_limits_work_in_flight(control):
     gate = install_gate(
         control,
-        bound=True,
-        auto_activity=False,
-        mode="tight",
-        record_every=4,
-        window_launches=8,
-        window_ms=0.5,
+        resolve_config(
+            bound=True,
+            auto_activity=False,
+            mode="tight",
+            record_every=4,
+            window_launches=8,
+            window_ms=0.5,
+        ),
     )
     assert gate.native
     _matmuls(400)
@@ -71,7 +73,9 @@ def test_long_operators_count_at_their_own_cost(control):
     """A burst of long operators after many cheap ones (an optimizer step after the backward
     pass) must not fill the GPU beyond the window: at the average cost a 0.5 ms window would
     admit the whole burst."""
-    gate = install_gate(control, bound=True, auto_activity=False, mode="tight", window_ms=0.5)
+    gate = install_gate(
+        control, resolve_config(bound=True, auto_activity=False, mode="tight", window_ms=0.5)
+    )
     small = torch.zeros(1024, device="cuda")
     a = torch.randn(2048, 2048, device="cuda")
     queued_ms = []
@@ -102,7 +106,7 @@ def test_long_operators_count_at_their_own_cost(control):
 
 
 def test_closed_gate_blocks_cuda_ops_and_drain_empties_the_queue(control):
-    gate = install_gate(control, bound=True, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
     _matmuls(200)
     gate.drain()
     assert torch.cuda.current_stream().query()
@@ -122,9 +126,10 @@ def test_closed_gate_blocks_cuda_ops_and_drain_empties_the_queue(control):
 
 
 def test_graph_capture_and_replay_under_the_gate(control):
-    gate = install_gate(
-        control, bound=True, auto_activity=True, mode="tight", record_every=2, window_launches=2
+    config = resolve_config(
+        bound=True, auto_activity=True, mode="tight", record_every=2, window_launches=2
     )
+    gate = install_gate(control, config)
     static_in = torch.randn(256, 256, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -175,9 +180,10 @@ def test_gated_gpu_training_is_bit_identical(control):
     reference = _train(5)
     if not all(torch.equal(reference[k], v) for k, v in _train(5).items()):
         pytest.skip("training is not deterministic on this GPU even without the gate")
-    gate = install_gate(
-        control, bound=True, auto_activity=True, mode="tight", record_every=4, window_launches=4
+    config = resolve_config(
+        bound=True, auto_activity=True, mode="tight", record_every=4, window_launches=4
     )
+    gate = install_gate(control, config)
     with toggling(control, closed_s=0.001, open_s=0.002):
         gated = _train(5)
     assert gate.stats()["waits"] > 0
@@ -195,9 +201,10 @@ def test_compiled_training_under_the_gate_is_bit_identical(control):
         pytest.skip(f"torch.compile does not work on this machine: {exc}")
     if not all(torch.equal(reference[k], v) for k, v in _train(5, compiled=True).items()):
         pytest.skip("compiled training is not deterministic on this GPU even without the gate")
-    gate = install_gate(
-        control, bound=True, auto_activity=True, mode="tight", record_every=4, window_launches=4
+    config = resolve_config(
+        bound=True, auto_activity=True, mode="tight", record_every=4, window_launches=4
     )
+    gate = install_gate(control, config)
     with toggling(control, closed_s=0.001, open_s=0.002):
         gated = _train(5, compiled=True)
     stats = gate.stats()
@@ -210,10 +217,11 @@ def test_gate_notices_cuda_initialised_after_install(tmp_path):
     code = textwrap.dedent(
         """
         import torch
-        from gpreempt.client.gate import install_gate
+        from gpreempt.client.gate import install_gate, resolve_config
         from gpreempt.control import ControlBlock
         control = ControlBlock.create()
-        gate = install_gate(control, bound=True, auto_activity=False, record_every=4)
+        config = resolve_config(bound=True, auto_activity=False, record_every=4)
+        gate = install_gate(control, config)
         assert not gate.stats()["device_live"]
         x = torch.ones(1000, device="cuda")
         for _ in range(100):
@@ -238,7 +246,7 @@ def test_gate_notices_cuda_initialised_after_install(tmp_path):
 
 
 def test_dataloader_workers_run_under_an_installed_gate(control):
-    install_gate(control, bound=True, auto_activity=True)
+    install_gate(control, resolve_config(bound=True, auto_activity=True))
     _matmuls(5)
     dataset = torch.utils.data.TensorDataset(torch.arange(256, dtype=torch.float32))
     loader = torch.utils.data.DataLoader(
@@ -272,7 +280,9 @@ def test_stream_barriers_hold_queued_work_on_the_gpu_while_a_watched_task_is_act
     high.keep_mapped()  # as the session keeps watched blocks: the GPU registered its page
     try:
         control.set_window_share(1.0)  # a more important task is registered: barriers hold
-        gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+        gate = install_gate(
+            control, resolve_config(bound=True, auto_activity=False, barrier_ms=0.05)
+        )
         gate.watch([high.address], 1)
         _matmuls(20)
         torch.cuda.synchronize()
@@ -310,7 +320,7 @@ def test_stream_barriers_on_an_incomplete_watch_list_wait_for_the_daemon(control
     """A gate whose watch list is incomplete (version 0) does not go on by itself on a 2V word:
     neither does the GPU at its barriers, which then wait for the daemon's plain 0."""
     control.set_window_share(1.0)
-    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False, barrier_ms=0.05))
     gate.watch([], 0)
     _matmuls(20)
     torch.cuda.synchronize()
@@ -323,7 +333,7 @@ def test_stream_barriers_put_from_threads_new_to_cuda(control):
     """An operator on a thread that has not called CUDA yet may be the one to put a barrier;
     the barrier borrows the device's context and barriers stay on."""
     control.set_window_share(1.0)
-    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.001)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False, barrier_ms=0.001))
     a = torch.randn(512, 512, device="cuda")
     torch.cuda.synchronize()
     results = []
@@ -344,7 +354,7 @@ def test_stream_barriers_put_from_threads_new_to_cuda(control):
 def test_stream_barriers_only_while_a_more_important_task_is_registered(control):
     """Without an in-flight share from the daemon nobody can preempt the task: no barriers are
     put (they would cost GPU time for nothing), and the window is not tight."""
-    gate = install_gate(control, bound=True, auto_activity=False, barrier_ms=0.05)
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False, barrier_ms=0.05))
     _matmuls(50)
     torch.cuda.synchronize()
     assert gate.stats()["barriers"] and gate.stats()["barriers_put"] == 0
@@ -366,7 +376,7 @@ def test_warm_launches_outside_a_capture_and_leaves_a_capture_alone(control, mon
         real_sleep(cycles)
 
     monkeypatch.setattr(torch.cuda, "_sleep", sleep)
-    gate = install_gate(control, bound=False, auto_activity=False)
+    gate = install_gate(control, resolve_config(bound=False, auto_activity=False))
     x = torch.zeros(16, device="cuda")
     gate.warm()
     torch.cuda.synchronize()

@@ -143,7 +143,7 @@ def _exists(mechanism: str, mode: str) -> Row:
         if mode == "python":
             row.exists, row.note = False, "needs PyTorch"
             return row
-        from ..client.gate_build import NativeGateUnavailable, load_native
+        from ..client.gate.build import NativeGateUnavailable, load_native
 
         try:
             load_native()

@@ -38,7 +38,7 @@ def install_gate_for(current: session.Session) -> Any:
     if current.gate is not None or not _flag(ENV_GATE, True):
         return current.gate
     try:
-        from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, install_gate
+        from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, install_gate, resolve_config
     except ImportError:
         return None
     if current.mechanism not in ("gate", "auto"):
@@ -48,13 +48,13 @@ def install_gate_for(current: session.Session) -> Any:
     else:
         barrier_ms = RUN_BARRIER_MS
     bound = _flag(ENV_GATE_BOUND, current.priority < NAMED["high"])
-    gate = install_gate(
-        current.control,
+    config = resolve_config(
         bound=bound,
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
         idle_grace_ms=idle_grace_ms(bound),
         barrier_ms=barrier_ms,
     )
+    gate = install_gate(current.control, config)
     current.use_gate(gate)
     return gate
 

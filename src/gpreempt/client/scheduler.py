@@ -144,13 +144,14 @@ class GPUScheduler:
             if self._gate is not None:
                 return
             from ..control import ControlBlock
-            from .gate import current_gate, install_gate
+            from .gate import current_gate, install_gate, resolve_config
 
             gate = current_gate()
             if gate is None:
                 # Not under gpreempt run: a private control block that no daemon ever closes.
                 self._own_control = ControlBlock.create()
-                gate = install_gate(self._own_control, bound=True, auto_activity=False)
+                config = resolve_config(bound=True, auto_activity=False)
+                gate = install_gate(self._own_control, config)
             self._gate = gate
 
     def _stream_for(self, task: SchedTask) -> Any:

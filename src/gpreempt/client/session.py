@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms, request_warm
 from ..control import ActivityView, ControlBlock, released_by_watch
@@ -30,6 +30,9 @@ from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
 from .stranded import WatchedBlock, free_stranded
+
+if TYPE_CHECKING:
+    from .gate import Gate
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
@@ -58,7 +61,7 @@ class Session:
         self.priority: int = reply["priority"]
         self.mechanism: str = reply["mechanism"]
         self.connected = True
-        self.gate: Any = None
+        self.gate: Gate | None = None  # the launch gate, once installed (:meth:`use_gate`)
         self._requests = 0
         self._lock = threading.Lock()
         #: Requests stay raised this long after the last one ends (:mod:`.linger`).
@@ -122,7 +125,7 @@ class Session:
         self.connected = True
         return True
 
-    def use_gate(self, gate: Any) -> None:
+    def use_gate(self, gate: Gate) -> None:
         """The process's gate is installed: it watches what the daemon said to watch."""
         with self._watch_lock:
             self.gate = gate

@@ -9,7 +9,7 @@
 // Everything else happens on rare slow paths:
 //   * the gate is closed: wait (spin briefly, then sleep on the word, woken by the daemon or
 //     the next poll) until the daemon opens it;
-//   * every `segment` launches, or every half window of estimated GPU time: record a CUDA
+//   * every `record_every` launches, or every half window of estimated GPU time: record a CUDA
 //     event on the current stream, retire completed events (learning the average GPU time per
 //     launch from their timestamps), and if the work in flight exceeds the window, wait for the
 //     oldest event;
@@ -20,7 +20,7 @@
 //     window that counts them at the average cost;
 //   * the first launch after idling: publish auto_active=1 and ring the doorbell; a background
 //     thread publishes auto_active=0 once the process's GPU work has completed plus a grace time;
-//   * with stream barriers (opt-in): every `barrier` of estimated GPU time, put waits on the
+//   * with stream barriers (opt-in): every `barrier_ms` of estimated GPU time, put waits on the
 //     current stream for the gate's own word and the watched tasks' activity words (CUDA
 //     stream memory operations, or hipStreamWaitValue32 on a ROCm build, on the registered
 //     control blocks). The GPU then stops this
@@ -67,6 +67,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -206,20 +207,23 @@ class MaybeNoGil {
   PyThreadState* state_ = nullptr;
 };
 
+// The gate's settings: the fields of the Python GateConfig (gpreempt/client/gate/config.py),
+// which names them and owns their defaults, read by name as the gate is installed
+// (config_from). The same names here.
 struct Config {
-  bool bound = true;
-  bool auto_activity = false;
-  uint64_t tight_segment = 32;      // launches per event while the window is tight
-  uint64_t open_segment = 128;      // launches per event while it is open
-  uint64_t tight_launches = 128;    // launches in flight at most while tight
-  uint64_t open_launches = 4096;    // ... while open
-  double tight_window_ms = 1.0;     // estimated GPU time in flight at most while tight (<=0: off)
-  double open_window_ms = 25.0;     // ... while open
-  double hold_ms = 1000.0;          // stay tight this long after the gate was last closed
-  int mode = kAdaptive;
-  double idle_grace_ms = 2.0;
-  double poll_us = 30.0;            // sleep per poll of a closed gate
-  bool op_costs = true;             // count each operator at its own timed cost
+  bool bound;
+  bool auto_activity;
+  uint64_t record_every;          // launches per event while the window is tight
+  uint64_t open_record_every;     // launches per event while it is open
+  uint64_t window_launches;       // launches in flight at most while tight
+  uint64_t open_window_launches;  // ... while open
+  double window_ms;               // estimated GPU time in flight at most while tight (<=0: off)
+  double open_window_ms;          // ... while open
+  double tight_hold_ms;           // stay tight this long after the gate was last closed
+  int mode;                       // kAdaptive, kTight or kOpen
+  double idle_grace_ms;           // quiet time before auto_active drops back to 0
+  double poll_us;                 // sleep per poll of a closed gate
+  bool op_costs;                  // count each operator at its own timed cost
 };
 
 // The learned GPU time of one operator (by name). The table is filled as names are first seen
@@ -443,7 +447,7 @@ bool is_tight(GateState* g, int64_t now) {
         return !barriers_hold(g);
       }
       return now - g->last_closed_ns.load(std::memory_order_relaxed) <
-             static_cast<int64_t>(g->cfg.hold_ms * 1e6);
+             static_cast<int64_t>(g->cfg.tight_hold_ms * 1e6);
   }
 }
 
@@ -775,7 +779,7 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
   }
   const bool tight = is_tight(g, now);
   g->tight_now.store(tight, std::memory_order_relaxed);
-  g->next_mark.store(n + (tight ? g->cfg.tight_segment : g->cfg.open_segment),
+  g->next_mark.store(n + (tight ? g->cfg.record_every : g->cfg.open_record_every),
                      std::memory_order_relaxed);
   store64(g->ctl, kOffLaunches, n);
   if (!device_usable(g)) {
@@ -802,8 +806,8 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
     g->events_recorded.fetch_add(1, std::memory_order_relaxed);
     reap(g);
 
-    const uint64_t by_count = tight ? g->cfg.tight_launches : g->cfg.open_launches;
-    double window_ms = tight ? g->cfg.tight_window_ms : g->cfg.open_window_ms;
+    const uint64_t by_count = tight ? g->cfg.window_launches : g->cfg.open_window_launches;
+    double window_ms = tight ? g->cfg.window_ms : g->cfg.open_window_ms;
     const uint32_t share_us = load32(g->ctl, kOffWindowShareUs);
     if (tight && share_us != 0) {
       // the daemon's share of this GPU's in-flight budget: other tasks drain before us too
@@ -1352,11 +1356,39 @@ void after_fork_in_child() {
 }
 
 // --- the module's functions ----------------------------------------------------------------------
-void install(uintptr_t control_address, int doorbell, bool bound, bool auto_activity,
-             uint64_t tight_segment, uint64_t open_segment, uint64_t tight_launches,
-             uint64_t open_launches, double tight_window_ms, double open_window_ms,
-             double hold_ms, int mode, double idle_grace_ms, double poll_us, bool device_live,
-             bool op_costs) {
+// The settings of the Python GateConfig `c`, read by their names (counts at least 1).
+Config config_from(const py::handle& c) {
+  Config cfg;
+  cfg.bound = c.attr("bound").cast<bool>();
+  cfg.auto_activity = c.attr("auto_activity").cast<bool>();
+  cfg.record_every = std::max<uint64_t>(1, c.attr("record_every").cast<uint64_t>());
+  cfg.open_record_every = std::max<uint64_t>(1, c.attr("open_record_every").cast<uint64_t>());
+  cfg.window_launches = std::max<uint64_t>(1, c.attr("window_launches").cast<uint64_t>());
+  cfg.open_window_launches =
+      std::max<uint64_t>(1, c.attr("open_window_launches").cast<uint64_t>());
+  cfg.window_ms = c.attr("window_ms").cast<double>();
+  cfg.open_window_ms = c.attr("open_window_ms").cast<double>();
+  cfg.tight_hold_ms = c.attr("tight_hold_ms").cast<double>();
+  const std::string mode = c.attr("mode").cast<std::string>();
+  if (mode == "adaptive") {
+    cfg.mode = kAdaptive;
+  } else if (mode == "tight") {
+    cfg.mode = kTight;
+  } else if (mode == "open") {
+    cfg.mode = kOpen;
+  } else {
+    throw std::invalid_argument("unknown gate mode: " + mode);
+  }
+  cfg.idle_grace_ms = c.attr("idle_grace_ms").cast<double>();
+  cfg.poll_us = c.attr("poll_us").cast<double>();
+  cfg.op_costs = c.attr("op_costs").cast<bool>();
+  return cfg;
+}
+
+// `config`: a GateConfig. `device_live`: CUDA is initialised in this process already.
+void install(uintptr_t control_address, int doorbell, const py::object& config,
+             bool device_live) {
+  const Config cfg = config_from(config);
   if (g_gate.load() != nullptr) {
     throw std::runtime_error("the launch gate is already installed in this process");
   }
@@ -1364,19 +1396,7 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
     throw std::runtime_error("the launch gate cannot be installed in a forked child");
   }
   auto* g = new GateState();  // never freed: an operator on another thread may still read it
-  g->cfg.bound = bound;
-  g->cfg.auto_activity = auto_activity;
-  g->cfg.tight_segment = std::max<uint64_t>(1, tight_segment);
-  g->cfg.open_segment = std::max<uint64_t>(1, open_segment);
-  g->cfg.tight_launches = std::max<uint64_t>(1, tight_launches);
-  g->cfg.open_launches = std::max<uint64_t>(1, open_launches);
-  g->cfg.tight_window_ms = tight_window_ms;
-  g->cfg.open_window_ms = open_window_ms;
-  g->cfg.hold_ms = hold_ms;
-  g->cfg.mode = mode;
-  g->cfg.idle_grace_ms = idle_grace_ms;
-  g->cfg.poll_us = poll_us;
-  g->cfg.op_costs = op_costs;
+  g->cfg = cfg;
   g->ctl = reinterpret_cast<uint8_t*>(control_address);
   g->doorbell = doorbell;
   if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
@@ -1384,10 +1404,10 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
   }
   g->device_live.store(device_live && g->impl != nullptr);
   g->seen_generation = load32(g->ctl, kOffGeneration);
-  g->next_mark.store(g->cfg.tight_segment);
-  store32(g->ctl, kOffWindow, static_cast<uint32_t>(std::min<uint64_t>(g->cfg.tight_launches,
+  g->next_mark.store(g->cfg.record_every);
+  store32(g->ctl, kOffWindow, static_cast<uint32_t>(std::min<uint64_t>(g->cfg.window_launches,
                                                                         UINT32_MAX)));
-  if (auto_activity) {
+  if (g->cfg.auto_activity) {
     g->bg = std::thread(activity_loop, g);
   }
   if (!g_atfork_registered) {
@@ -1401,7 +1421,7 @@ void install(uintptr_t control_address, int doorbell, bool bound, bool auto_acti
                                        .needsIds(false)
                                        .scopes({at::RecordScope::FUNCTION}));
   store32(g->ctl, kOffInstalled, 1);
-  if (bound) {
+  if (g->cfg.bound) {
     g->sleeper = std::thread(sleep_loop, g, g_handle);
   }
 }
@@ -1560,7 +1580,8 @@ py::dict stats() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gpreempt's in-process launch gate (a RecordFunction callback)";
-  m.def("install", &install);
+  m.def("install", &install, py::arg("control_address"), py::arg("doorbell"), py::arg("config"),
+        py::arg("device_live"));
   m.def("uninstall", &uninstall, py::call_guard<py::gil_scoped_release>());
   m.def("drain", &drain, py::call_guard<py::gil_scoped_release>());
   m.def("stats", &stats);
@@ -1593,23 +1614,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // `hip`: a ROCm build of PyTorch (torch.version.hip), whose barriers go through HIP
   m.def(
       "set_barriers",
-      [](double spacing_ms, bool hip) {
+      [](double barrier_ms, bool hip) {
         GateState* g = g_gate.load();
         if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
           return false;
         }
         const bool on =
-            spacing_ms > 0.0 && (hip ? hip_api() != nullptr : cu_api() != nullptr);
+            barrier_ms > 0.0 && (hip ? hip_api() != nullptr : cu_api() != nullptr);
         std::lock_guard<std::mutex> lock(g->mu);
         g->hip = hip;
-        g->barrier_ns = static_cast<uint64_t>(std::max(0.0, spacing_ms) * 1e6);
+        g->barrier_ns = static_cast<uint64_t>(std::max(0.0, barrier_ms) * 1e6);
         g->barriers.store(on);
         store32(g->ctl, kOffBarriersOn, on ? 1u : 0u);  // the daemon's backstop leaves it alone
         g->next_barrier_work.store(on ? g->work_ns.load()
                                       : std::numeric_limits<uint64_t>::max());
         return on;
       },
-      py::arg("spacing_ms"), py::arg("hip") = false);
+      py::arg("barrier_ms"), py::arg("hip") = false);
   // Tests: queue one barrier's HIP waits on `stream` through the HIP library at `library` (a
   // fake that records its calls, on machines without ROCm), for the control block at `own`
   // watching the blocks at `watched` (list `version`). Returns the number of pages registered.

@@ -1,4 +1,4 @@
-"""Building and loading the launch gate's small C++ extension.
+"""Building and loading the launch gate's C++ extension (``client/csrc/gate.cpp``).
 
 The gate's per-operator hook must cost well under a microsecond, which only native code can do
 (a Python hook per operator halves a training job's throughput). The extension is one C++ file
@@ -9,7 +9,7 @@ compiled against the installed PyTorch on first use with ``torch.utils.cpp_exten
 * ``$XDG_CACHE_HOME/gpreempt/torch_extensions/<name>`` (``~/.cache/gpreempt/...``).
 
 Build it ahead of time (for example in a container image) with
-``python -m gpreempt.client.gate_build``.
+``python -m gpreempt.client.gate.build``.
 
 The same source builds against CUDA, ROCm and CPU-only builds of PyTorch: it is compiled as
 plain C++ (``with_cuda=False``, so nothing is hipified and neither nvcc nor hipcc is needed),
@@ -26,9 +26,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).parent / "csrc" / "gate.cpp"
+CSRC = Path(__file__).parent.parent / "csrc"
+SOURCE = CSRC / "gate.cpp"
 #: Headers the source includes: part of what a cached build was built from.
-HEADERS = (Path(__file__).parent / "csrc" / "hip_api.h",)
+HEADERS = (CSRC / "hip_api.h",)
 ENV_CACHE_DIR = "GPREEMPT_CACHE_DIR"
 
 _loaded: ModuleType | None = None
@@ -123,7 +124,7 @@ def load_native(*, verbose: bool = False) -> ModuleType:
 
 
 def main() -> int:
-    """Build the extension now (``python -m gpreempt.client.gate_build``)."""
+    """Build the extension now (``python -m gpreempt.client.gate.build``)."""
     try:
         module = load_native(verbose="-v" in sys.argv[1:])
     except NativeGateUnavailable as exc:
