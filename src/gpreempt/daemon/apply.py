@@ -158,7 +158,7 @@ class Executor:
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
-            if task.mechanism != "auto":
+            if not mechanism.backed_up:
                 return self._suspend_failed(task, task.mechanism, exc, now)
             try:
                 used = mechanisms.get("signal").suspend(target)

@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..errors import GpreemptError
+from ..mechanisms import kind
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from .event_log import EventLog
 from .registry import Registry, Task
@@ -81,9 +82,9 @@ class Backstop:
 
     def _eligible(self, task: Task) -> bool:
         return (
-            task.mechanism == "auto"
+            kind(task.mechanism).backed_up
             and task.suspended
-            and task.suspended_with == "gate"
+            and kind(task.suspended_with).in_process
             and task.preempted_since is not None
             and not task.barriers_on
             and not task.backstop_locked

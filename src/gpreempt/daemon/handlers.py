@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..control import ControlBlock
 from ..errors import GpreemptError, NoSuchProcess, PermissionDenied, ProtocolError, UsageError
-from ..mechanisms import MechanismSet
+from ..mechanisms import MechanismSet, kind
 from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
 from . import limits as bounds
@@ -160,7 +160,7 @@ class Handlers:
         peer.channel_task = task.task_id
         task.controls[peer.conn_id] = control
         self.host.listen_to_doorbell(peer)
-        if task.suspended and task.suspended_with == "gate":
+        if task.suspended and kind(task.suspended_with).in_process:
             control.set_gate(True)
         control.set_window_share(task.window_share_ms)
         control.set_sleep_ok(task.sleep_ok)

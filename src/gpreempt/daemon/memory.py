@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MechanismFailed, MechanismUnavailable, UsageError
+from ..mechanisms import kind
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
@@ -195,7 +196,7 @@ class MemoryManager:
                 f"{footprint / 2**30:.1f} GiB on the GPU and {available / 2**30:.1f} GiB are "
                 "available on the host"
             )
-        stopped = task.suspended and task.suspended_with == "signal"
+        stopped = task.suspended and kind(task.suspended_with).stops_process
         start = time.perf_counter()
         if stopped:  # the driver needs the process's threads to take the lock
             signal_mechanism.send(task.target(), signal.SIGCONT)
@@ -214,7 +215,7 @@ class MemoryManager:
             task.preemptions += 1
         change_state(task, TaskState.EVICTED, now=time.monotonic(), mechanism="lock")
         # The lock taken here is not the policy's suspension: undo it right after restore.
-        task.evict_unlock = task.suspended_with != "lock"
+        task.evict_unlock = not kind(task.suspended_with).holds_driver_lock
         self.events.write(
             "evict",
             **task.event_fields(),

@@ -22,12 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GpreemptError
+from ..mechanisms import kind
 from ..mechanisms.base import Target
 from ..mechanisms.cuda_driver import release_process
 from ..procinfo import alive, open_verified
 
 if TYPE_CHECKING:
     from .registry import Task
+
+#: What a state record names as its mechanism for a task whose memory was evicted.
+EVICTED = "evict"
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,9 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
             continue
         target = Target(pid=record.pid, pgid=record.pgid)
         try:
-            if record.mechanism in ("lock", "evict"):
+            if record.mechanism == EVICTED or kind(record.mechanism).holds_driver_lock:
                 release_process(target.pid)
-            if record.mechanism == "kfd":  # its queues, through its launcher's tracer
+            if kind(record.mechanism).unmaps_queues:  # through its launcher's tracer
                 from ..mechanisms.kfd import request
 
                 with contextlib.suppress(GpreemptError):
@@ -178,13 +182,14 @@ class StateFiles:
                 pid=t.pid,
                 pgid=t.pgid,
                 start_time=t.start_time,
-                mechanism="evict"
+                mechanism=EVICTED
                 if t.evicted
                 else ("lock" if t.backstop_locked else (t.suspended_with or "signal")),
                 name=t.name,
             )
             for t in tasks
-            if t.evicted or (t.suspended and (t.suspended_with != "gate" or t.backstop_locked))
+            if t.evicted
+            or (t.suspended and (not kind(t.suspended_with).in_process or t.backstop_locked))
         ]
         if records != self._suspended and self._save(self.state_path, records):
             self._suspended = records

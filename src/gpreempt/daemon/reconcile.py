@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from ..mechanisms import kind
 from ..policy import Policy, Snapshot
 from .apply import Executor
 from .backstop import Backstop
@@ -145,7 +146,7 @@ def _facts(task: Task) -> TaskFacts:
         held=task.held,
         evicted=task.evicted,
         unprotected=task.suspend_error is not None,
-        closes_gate=task.mechanism in ("gate", "auto"),
+        closes_gate=kind(task.mechanism).closes_gate,
         always_active=task.always_active,
         controls=tuple(task.controls),
         window_share_ms=task.window_share_ms,

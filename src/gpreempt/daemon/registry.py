@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NoSuchTask
+from ..mechanisms import kind
 from ..mechanisms.base import Target
 from ..policy import Snapshot, TaskView
 from ..priority import priority_name
@@ -103,7 +104,7 @@ class Task:
     @property
     def gated(self) -> bool:
         """Whether an in-process gate bounds what the task keeps queued."""
-        return self.mechanism in ("gate", "auto") and any(
+        return kind(self.mechanism).closes_gate and any(
             c.gate_installed for c in self.controls.values()
         )
 

@@ -16,7 +16,6 @@ and failed writes to the disk are counted, never fatal.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import selectors
 import signal
@@ -28,11 +27,10 @@ from typing import Any
 from ..config import EVENTS_NAME, STATE_NAME
 from ..errors import GpreemptError, UsageError
 from ..mechanisms import MechanismSet
-from ..policy import Policy, get_policy
-from ..policy.hpf import decide_hpf
+from ..policy import PolicySettings, make_policy
 from ..policy.inflight import DEFAULT_BUDGET_MS
 from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
-from ..policy.turns import DEFAULT_TURN_MS, TurnSettings
+from ..policy.turns import DEFAULT_TURN_MS
 from . import limits as bounds
 from .apply import Executor
 from .backstop import DEFAULT_DELAY_MS, Backstop
@@ -78,27 +76,23 @@ class Daemon:
         limits: Limits | None = None,
     ) -> None:
         self.runtime_dir = runtime_dir
-        self.policy_name = policy
-        chosen: Policy = get_policy(policy)
-        #: Length of the turns gated peers below a more important task take (hpf only;
-        #: policy/turns.py); 0 = they launch side by side.
-        self.turn_ms = turn_ms if policy == "hpf" and turn_ms > 0 else 0.0
-        if self.turn_ms:
-            chosen = functools.partial(
-                decide_hpf, turns=TurnSettings(turn_ms=turn_ms, budget_ms=inflight_budget_ms)
-            )
+        built = make_policy(policy, PolicySettings(turn_ms, inflight_budget_ms))
+        self.policy_name = built.name
+        #: Length of the turns gated peers below a more important task take
+        #: (policy/turns.py); 0 = they launch side by side.
+        self.turn_ms = built.turn_ms
         self.shared = shared
         self.metrics_port = metrics_port
         self.metrics_addr = metrics_addr
         self.lock_timeout_ms = lock_timeout_ms
         self.backstop_ms = backstop_ms
         # Gates watch the tasks that outrank them, and sleep once those were idle a while,
-        # under hpf only (policy/watch.py, policy/sleep.py).
-        watch = watch and policy == "hpf"
+        # under strict priority only (policy/watch.py, policy/sleep.py).
+        watch = watch and built.strict_priority
         settings = PlanSettings(
             inflight_budget_ms=inflight_budget_ms,
             turns=self.turn_ms > 0,
-            sleep_after_s=sleep_after_s if policy == "hpf" else 0.0,
+            sleep_after_s=sleep_after_s if built.strict_priority else 0.0,
             watch=watch,
             watch_resume=watch_resume and watch,
         )
@@ -121,7 +115,7 @@ class Daemon:
             self.registry, self.limits, lambda: self.mechanisms, lambda: self._protected
         )
         self.executor = Executor(self)
-        self.reconciler = Reconciler(self, chosen, settings)
+        self.reconciler = Reconciler(self, built.decide, settings)
         self.handlers = Handlers(self)
         self.connections = Connections(
             self.selector,

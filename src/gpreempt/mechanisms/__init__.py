@@ -27,6 +27,22 @@ from .signal import SignalMechanism
 
 NAMES = ("auto", "gate", "lock", "signal", "kfd")
 
+#: Each mechanism's class by name: what it can do (:class:`Mechanism`'s capabilities) is known
+#: without building it.
+KINDS: dict[str, type[Mechanism]] = {
+    "auto": AutoMechanism,
+    "gate": GateMechanism,
+    "lock": DriverLockMechanism,
+    "signal": SignalMechanism,
+    "kfd": KfdMechanism,
+}
+
+
+def kind(name: str | None) -> type[Mechanism]:
+    """The class of mechanism ``name`` (a task's, or the one that suspended it); the base
+    class, which can do nothing in particular, for None or a name that is no mechanism."""
+    return KINDS.get(name or "", Mechanism)
+
 
 class MechanismSet:
     """The daemon's mechanisms, built once; ``lock`` only where the driver offers it."""
@@ -90,9 +106,11 @@ __all__ = [
     "AutoMechanism",
     "DriverLockMechanism",
     "GateMechanism",
+    "KINDS",
     "Mechanism",
     "MechanismSet",
     "NAMES",
     "SignalMechanism",
     "Target",
+    "kind",
 ]

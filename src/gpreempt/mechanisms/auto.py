@@ -15,6 +15,8 @@ class AutoMechanism(Mechanism):
     """Picks, at each suspension, the most precise mechanism that works for the task now."""
 
     name = "auto"
+    closes_gate = True
+    backed_up = True
 
     def __init__(self, concrete: dict[str, Mechanism]) -> None:
         self._concrete = concrete

@@ -33,6 +33,25 @@ class Mechanism(abc.ABC):
     #: Name used on the command line and in events.
     name: str = ""
 
+    # What the daemon needs to know of a mechanism, asked instead of its name.
+    #: The daemon closes and opens the task's in-process gate (its control block's word).
+    closes_gate: bool = False
+    #: The suspension lives in the task's own process, which undoes it by itself when the
+    #: daemon goes away: nothing to persist, nothing for a new daemon to resume.
+    in_process: bool = False
+    #: The driver's checkpoint lock holds the process (a new daemon unlocks it; eviction,
+    #: which takes that lock too, has nothing to undo after a restore).
+    holds_driver_lock: bool = False
+    #: The process's threads are stopped (SIGSTOP): anything that needs them to run, as the
+    #: driver lock does, must continue them first.
+    stops_process: bool = False
+    #: The task's GPU queues are unmapped, by the tracer of its launcher (AMD KFD): a new
+    #: daemon asks that tracer to map them again.
+    unmaps_queues: bool = False
+    #: The daemon backs the mechanism up: with the driver lock behind a gate that could not
+    #: hold the task (daemon/backstop.py), and with signals where the suspension failed.
+    backed_up: bool = False
+
     @abc.abstractmethod
     def check(self, target: Target) -> None:
         """Raise MechanismUnavailable, saying why, if this mechanism cannot act on ``target``."""

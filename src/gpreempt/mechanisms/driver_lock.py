@@ -17,6 +17,7 @@ DEFAULT_LOCK_TIMEOUT_MS = 5000
 
 class DriverLockMechanism(Mechanism):
     name = "lock"
+    holds_driver_lock = True
 
     def __init__(self, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
         self.timeout_ms = timeout_ms

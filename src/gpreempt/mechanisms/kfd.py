@@ -527,6 +527,8 @@ class KfdMechanism(Mechanism):
     """Daemon side: SIGSTOP the task's process group, then have its tracer unmap its queues."""
 
     name = "kfd"
+    stops_process = True
+    unmaps_queues = True
 
     def check(self, target: Target) -> None:
         try:

@@ -12,6 +12,8 @@ from .base import Mechanism, Target
 
 class GateMechanism(Mechanism):
     name = "gate"
+    closes_gate = True
+    in_process = True
 
     def check(self, target: Target) -> None:
         if target.control is None:

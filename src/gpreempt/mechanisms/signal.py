@@ -53,6 +53,7 @@ def send(target: Target, signum: int) -> None:
 
 class SignalMechanism(Mechanism):
     name = "signal"
+    stops_process = True
 
     def check(self, target: Target) -> None:
         try:

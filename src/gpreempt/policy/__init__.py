@@ -2,47 +2,37 @@
 
 A policy is called as ``decide(snapshot, memory) -> Decision``; ``memory`` is whatever the
 previous Decision returned in ``memory`` (None at first), so policies that need history
-(time slices, shares) stay pure and testable without clocks.
+(time slices, shares) stay pure and testable without clocks. ``make_policy`` (factory.py)
+builds one by name, with what the daemon must know of it. Open :mod:`.hpf` first: the
+default, strict priority; :mod:`.snapshot` holds the values every policy reads and returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from ..errors import UsageError
+from .factory import (
+    POLICIES,
+    BuiltPolicy,
+    Policy,
+    PolicySettings,
+    get_policy,
+    make_policy,
+)
 from .hpf import decide_hpf
 from .share import decide_share
 from .snapshot import Decision, Snapshot, TaskView
 from .timeslice import decide_timeslice
 
-Policy = Callable[[Snapshot, Any], Decision]
-
-POLICIES: dict[str, Policy] = {
-    "hpf": decide_hpf,
-    "timeslice": decide_timeslice,
-    "share": decide_share,
-}
-
-
-def get_policy(name: str) -> Policy:
-    """The policy registered under ``name``, or a UsageError listing the choices."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise UsageError(
-            f"unknown policy {name!r}: choose one of {', '.join(sorted(POLICIES))}"
-        ) from None
-
-
 __all__ = [
+    "BuiltPolicy",
     "Decision",
     "Policy",
     "POLICIES",
+    "PolicySettings",
     "Snapshot",
     "TaskView",
     "decide_hpf",
     "decide_share",
     "decide_timeslice",
     "get_policy",
+    "make_policy",
 ]
