@@ -19,7 +19,7 @@ import pytest
 from conftest import gpreempt
 
 from gpreempt.errors import MechanismFailed, MechanismUnavailable
-from gpreempt.mechanisms import kfd
+from gpreempt.mechanisms import kfd, kfd_abi, kfd_session
 from gpreempt.mechanisms.base import Target
 from gpreempt.tracer import TracedProcess
 
@@ -41,7 +41,7 @@ class FakeKfd:
     """The kernel's side of AMDKFD_IOC_GET_VERSION and AMDKFD_IOC_DBG_TRAP, as kfd_chardev.c
     and kfd_debug.c implement them, over a process that has `queues`."""
 
-    def __init__(self, version=(1, 17), queues=(3, 5), runtime_state=kfd.RUNTIME_ENABLED):
+    def __init__(self, version=(1, 17), queues=(3, 5), runtime_state=kfd_abi.RUNTIME_ENABLED):
         self.version = version
         self.queues = list(queues)
         self.runtime_state = runtime_state
@@ -67,7 +67,7 @@ class FakeKfd:
             raise OSError(errno.EPERM, "not PTRACED by this thread")
         if op != 0 and pid not in self.enabled:
             raise OSError(errno.EINVAL, "not debug enabled")
-        if op in (6, 7) and self.runtime_state != kfd.RUNTIME_ENABLED:
+        if op in (6, 7) and self.runtime_state != kfd_abi.RUNTIME_ENABLED:
             raise OSError(errno.EPERM, "runtime not enabled")
         self.log.append(
             {
@@ -85,7 +85,7 @@ class FakeKfd:
             assert arg.enable.exception_mask == 1 << 47  # KFD_EC_MASK(EC_PROCESS_RUNTIME)
             os.fstat(arg.enable.dbg_fd)  # fget(): EBADF if no such fd
             self.enabled[pid] = arg.enable.dbg_fd
-            info = kfd.RuntimeInfo.from_address(arg.enable.rinfo_ptr)
+            info = kfd_abi.RuntimeInfo.from_address(arg.enable.rinfo_ptr)
             info.runtime_state = self.runtime_state
             return 0
         if op == 1:  # DISABLE resumes everything
@@ -94,7 +94,7 @@ class FakeKfd:
             return 0
         if op == 2:  # SEND_RUNTIME_EVENT
             assert arg.send_runtime_event.exception_mask == 1 << 47
-            self.runtime_state = kfd.RUNTIME_ENABLED
+            self.runtime_state = kfd_abi.RUNTIME_ENABLED
             return 0
         if op == 11:  # QUERY_DEBUG_EVENT
             if not self.runtime_event_pending:
@@ -106,7 +106,7 @@ class FakeKfd:
             snap = arg.queue_snapshot
             assert snap.entry_size == 64
             for i, queue_id in enumerate(self.queues[: snap.num_queues]):
-                entry = kfd.QueueSnapshotEntry.from_address(snap.snapshot_buf_ptr + 64 * i)
+                entry = kfd_abi.QueueSnapshotEntry.from_address(snap.snapshot_buf_ptr + 64 * i)
                 entry.queue_id = queue_id
             snap.num_queues = len(self.queues)
             return 0
@@ -125,7 +125,7 @@ class FakeKfd:
         return done
 
     def raise_runtime_event(self) -> None:
-        self.runtime_state = kfd.RUNTIME_ENABLED_BUSY
+        self.runtime_state = kfd_abi.RUNTIME_ENABLED_BUSY
         self.runtime_event_pending = True
         os.write(self.enabled[next(iter(self.enabled))], b".")
 
@@ -137,7 +137,9 @@ def fake(tmp_path) -> FakeKfd:
 
 def session_factory(fake: FakeKfd, path: Path):
     path.touch()
-    return lambda pid: kfd.KfdSession(pid, lambda: kfd.KfdDevice(str(path), fake.ioctl))
+    return lambda pid: kfd_session.KfdSession(
+        pid, lambda: kfd_session.KfdDevice(str(path), fake.ioctl)
+    )
 
 
 COUNTER = (
@@ -179,38 +181,38 @@ class Counter:
 
 
 def test_abi_matches_kfd_ioctl_h() -> None:
-    assert ctypes.sizeof(kfd.DbgTrapArgs) == 32  # u32 pid, u32 op, 24-byte union
-    assert ctypes.sizeof(kfd.QueueSnapshotEntry) == 64
-    assert ctypes.sizeof(kfd.RuntimeInfo) == 16
-    for member in (kfd.EnableArgs, kfd.SuspendQueuesArgs, kfd.QueueSnapshotArgs):
+    assert ctypes.sizeof(kfd_abi.DbgTrapArgs) == 32  # u32 pid, u32 op, 24-byte union
+    assert ctypes.sizeof(kfd_abi.QueueSnapshotEntry) == 64
+    assert ctypes.sizeof(kfd_abi.RuntimeInfo) == 16
+    for member in (kfd_abi.EnableArgs, kfd_abi.SuspendQueuesArgs, kfd_abi.QueueSnapshotArgs):
         assert ctypes.sizeof(member) == 24
-    assert ctypes.sizeof(kfd.ResumeQueuesArgs) == 16
-    assert kfd.DbgTrapArgs.u.offset == 8
-    assert kfd.QueueSnapshotEntry.queue_id.offset == 40
-    assert kfd.AMDKFD_IOC_DBG_TRAP == 0xC0204B26
-    assert kfd.AMDKFD_IOC_GET_VERSION == 0x80084B01
-    assert (kfd.OP_ENABLE, kfd.OP_DISABLE, kfd.OP_SEND_RUNTIME_EVENT) == (0, 1, 2)
-    assert (kfd.OP_SUSPEND_QUEUES, kfd.OP_RESUME_QUEUES) == (6, 7)
-    assert (kfd.OP_QUERY_DEBUG_EVENT, kfd.OP_GET_QUEUE_SNAPSHOT) == (11, 13)
-    assert kfd.ec_mask(kfd.EC_PROCESS_RUNTIME) == 1 << 47
-    assert (kfd.QUEUE_ERROR_MASK, kfd.QUEUE_INVALID_MASK) == (1 << 30, 1 << 31)
+    assert ctypes.sizeof(kfd_abi.ResumeQueuesArgs) == 16
+    assert kfd_abi.DbgTrapArgs.u.offset == 8
+    assert kfd_abi.QueueSnapshotEntry.queue_id.offset == 40
+    assert kfd_abi.AMDKFD_IOC_DBG_TRAP == 0xC0204B26
+    assert kfd_abi.AMDKFD_IOC_GET_VERSION == 0x80084B01
+    assert (kfd_abi.OP_ENABLE, kfd_abi.OP_DISABLE, kfd_abi.OP_SEND_RUNTIME_EVENT) == (0, 1, 2)
+    assert (kfd_abi.OP_SUSPEND_QUEUES, kfd_abi.OP_RESUME_QUEUES) == (6, 7)
+    assert (kfd_abi.OP_QUERY_DEBUG_EVENT, kfd_abi.OP_GET_QUEUE_SNAPSHOT) == (11, 13)
+    assert kfd_abi.ec_mask(kfd_abi.EC_PROCESS_RUNTIME) == 1 << 47
+    assert (kfd_abi.QUEUE_ERROR_MASK, kfd_abi.QUEUE_INVALID_MASK) == (1 << 30, 1 << 31)
 
 
 def test_an_older_kfd_is_refused_with_the_version_it_needs(tmp_path) -> None:
     path = tmp_path / "kfd"
     path.touch()
-    device = kfd.KfdDevice(str(path), FakeKfd(version=(1, 12)).ioctl)
+    device = kfd_session.KfdDevice(str(path), FakeKfd(version=(1, 12)).ioctl)
     with pytest.raises(MechanismUnavailable, match=r"1\.12.*needs 1\.13"):
         device.check_version()
 
 
 def test_no_kfd_device_is_one_clear_line(tmp_path) -> None:
     with pytest.raises(MechanismUnavailable, match="does not exist: no AMD GPU driver"):
-        kfd.check_available(str(tmp_path / "absent"))
+        kfd_session.check_available(str(tmp_path / "absent"))
 
 
 def test_gpreempt_run_refuses_kfd_without_a_driver(tmp_path) -> None:
-    if Path(kfd.KFD_DEVICE).exists():
+    if Path(kfd_abi.KFD_DEVICE).exists():
         pytest.skip("this machine has a KFD device")
     result = gpreempt(tmp_path, "run", "--mechanism", "kfd", "--", "true")
     assert result.returncode == 1
@@ -239,7 +241,7 @@ def test_queues_are_suspended_by_the_tracer_thread_and_resumed(tmp_path, fake) -
     # the command exited while suspended: the tracer closed its session (resume, disable); the
     # kernel answers ESRCH for a process that is gone, having released its queues itself
     traced._thread.join(10)
-    assert fake.attempts[-2:] == [kfd.OP_RESUME_QUEUES, kfd.OP_DISABLE]
+    assert fake.attempts[-2:] == [kfd_abi.OP_RESUME_QUEUES, kfd_abi.OP_DISABLE]
 
 
 def test_only_the_ptrace_parent_thread_may_suspend(tmp_path, fake) -> None:
@@ -257,7 +259,7 @@ def test_only_the_ptrace_parent_thread_may_suspend(tmp_path, fake) -> None:
 
 
 def test_a_runtime_waiting_for_the_debugger_is_released(tmp_path) -> None:
-    fake = FakeKfd(runtime_state=kfd.RUNTIME_ENABLED_BUSY)
+    fake = FakeKfd(runtime_state=kfd_abi.RUNTIME_ENABLED_BUSY)
     child = Counter(tmp_path)
     traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"), serve=False)
     try:
@@ -270,7 +272,7 @@ def test_a_runtime_waiting_for_the_debugger_is_released(tmp_path) -> None:
         while "runtime-event" not in fake.log:
             assert time.monotonic() < deadline, "the tracer did not answer the runtime"
             time.sleep(0.02)
-        assert fake.runtime_state == kfd.RUNTIME_ENABLED
+        assert fake.runtime_state == kfd_abi.RUNTIME_ENABLED
     finally:
         traced.kill()
         traced.wait(10)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import gpreempt
 
-from gpreempt.mechanisms.kfd import KFD_DEVICE
+from gpreempt.mechanisms.kfd_abi import KFD_DEVICE
 
 
 def selftest(tmp_path: Path, *mechanisms: str) -> tuple[int, dict]:

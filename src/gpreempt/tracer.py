@@ -37,7 +37,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import GpreemptError, MechanismFailed, MechanismUnavailable
-from .mechanisms.kfd import KfdSession, control_address
+from .mechanisms.kfd import control_address
+from .mechanisms.kfd_session import KfdSession
 
 T = TypeVar("T")
 

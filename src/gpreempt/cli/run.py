@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command given: use `gpreempt run [OPTIONS] -- CMD ARGS...`")
     if args.mechanism == "kfd":  # refuse before anything starts, with the reason
         from ..errors import MechanismUnavailable
-        from ..mechanisms.kfd import check_available
+        from ..mechanisms.kfd_session import check_available
 
         try:
             check_available()

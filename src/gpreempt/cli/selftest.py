@@ -157,7 +157,7 @@ def _exists(mechanism: str, mode: str) -> Row:
         if try_driver() is None:
             row.exists, row.note = False, "no NVIDIA driver with the checkpoint API (r570+)"
     elif mechanism == "kfd":
-        from ..mechanisms.kfd import check_available
+        from ..mechanisms.kfd_session import check_available
 
         try:
             check_available()

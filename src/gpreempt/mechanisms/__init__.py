@@ -92,7 +92,7 @@ class MechanismSet:
 
 def _kfd_unavailable() -> str | None:
     """Why the KFD debugger interface cannot be used here, or None if it can."""
-    from .kfd import check_available
+    from .kfd_session import check_available
 
     try:
         check_available()
