@@ -29,6 +29,8 @@ LAYERS: dict[str, int] = {
     "futex": 0,
     "runtime_dir": 0,
     "nvml": 0,
+    "field_checks": 0,
+    "messages": 0,
     "policy": 1,
     "mechanisms": 2,
     "daemon": 3,

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import SOCKET_NAME, resolve_runtime_dir
 from ..errors import DaemonUnavailable
+from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
 from ..protocol import Connection, Message
 
 
@@ -45,6 +46,14 @@ class DaemonClient:
     def ping(self) -> Message:
         return self.request("ping")
 
+    def send(
+        self,
+        request: RegisterRequest | ChannelRequest | HoldRequest | TargetRequest,
+        fds: Sequence[int] = (),
+    ) -> Message:
+        """Send one typed request (gpreempt.messages) and return the daemon's reply."""
+        return self.connection.request(request.to_wire(), fds)
+
     def register(
         self,
         pid: int,
@@ -57,39 +66,41 @@ class DaemonClient:
         owned: bool = False,
         **options: Any,
     ) -> Message:
-        """Register ``pid`` as a task. ``owned``: the task ends when this connection closes."""
-        return self.request(
-            "register",
-            pid=pid,
+        """Register ``pid`` as a task. ``owned``: the task ends when this connection closes.
+        ``options``: the other fields of :class:`~gpreempt.messages.TaskFields`."""
+        task = TaskFields(
             name=name,
             priority=priority,
-            gpus=list(gpus),
+            gpus=tuple(gpus),
             mechanism=mechanism,
             always_active=always_active,
-            owned=owned,
             **options,
         )
+        return self.send(RegisterRequest(pid=pid, task=task, owned=owned))
 
-    def open_channel(self, memfd: int, doorbell: int, **fields: Any) -> Message:
-        """Hand the daemon this process's control block and doorbell."""
-        return self.request("channel", fds=(memfd, doorbell), **fields)
+    def open_channel(
+        self, memfd: int, doorbell: int, register: TaskFields | None = None
+    ) -> Message:
+        """Hand the daemon this process's control block and doorbell (registering this
+        process with ``register`` if it is no task's yet)."""
+        return self.send(ChannelRequest(register), fds=(memfd, doorbell))
 
     def status(self) -> Message:
         return self.request("status")
 
     def hold(self, target: str | int, hold: bool) -> Message:
-        """Suspend (hold=True) or release a task by name or pid, whatever the policy says."""
-        return self.request("hold", target=str(target), hold=hold)
+        """Hold a task suspended (``hold``) or release it."""
+        return self.send(HoldRequest(str(target), hold))
 
     def evict(self, target: str | int) -> Message:
-        return self.request("evict", target=str(target))
+        return self.send(TargetRequest("evict", str(target)))
 
     def restore(self, target: str | int) -> Message:
-        return self.request("restore", target=str(target))
+        return self.send(TargetRequest("restore", str(target)))
 
     def detach(self, target: str | int) -> Message:
-        """Unregister a task (by pid or name): the daemon resumes it and forgets it."""
-        return self.request("detach", target=str(target))
+        """Unregister a task (it is resumed and runs on unmanaged)."""
+        return self.send(TargetRequest("detach", str(target)))
 
     def close(self) -> None:
         self.connection.close()

@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 from ..control import ControlBlock
 from ..errors import GpreemptError, NoSuchProcess, PermissionDenied, ProtocolError, UsageError
+from ..field_checks import BadField
 from ..mechanisms import MechanismSet, kind
+from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
 from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
-from . import limits as bounds
 from .event_log import EventLog
 from .limits import Limits
 from .memory import MemoryManager
@@ -67,7 +68,7 @@ class Handlers:
             if op not in OPS:
                 raise ProtocolError(f"unknown op {op!r}: expected one of {', '.join(sorted(OPS))}")
             return {"ok": True, **self._ops[op](peer, message, fds)}
-        except bounds.BadField as exc:
+        except BadField as exc:
             return error_reply(UsageError(f"bad {op!r} request: {exc}"))
         except GpreemptError as exc:
             return error_reply(exc)
@@ -83,25 +84,24 @@ class Handlers:
         return {"pid": os.getpid(), "policy": self.host.policy_name}
 
     def op_register(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        claimed = bounds.whole(message.get("pid"), "pid", 1, bounds.MAX_PID)
-        pid = pid_seen_by_peer(claimed, peer.pid)  # a container names its own
+        request = RegisterRequest.from_wire(message)
+        pid = pid_seen_by_peer(request.pid, peer.pid)  # a container names its own
         info = self.host.registrar.registrable(peer.uid, pid)
         existing = self.host.registry.by_pid(pid)
         if existing is not None:
             raise UsageError(f"process {pid} is already registered as task {existing.name!r}")
-        owned = bounds.flag(message.get("owned"), "owned")
-        task = self.add_task(peer, info, message, owned=owned)
-        if not owned:
+        task = self.add_task(peer, info, request.task, owned=request.owned)
+        if not request.owned:
             task.attached = True
             self.host.state_files.save_attached(self.host.registry.tasks.values())
         self.host.reconcile()
         return {"task": task.describe(time.monotonic())}
 
-    def add_task(self, peer: Peer, info: ProcessInfo, message: Message, owned: bool) -> Task:
+    def add_task(self, peer: Peer, info: ProcessInfo, fields: TaskFields, owned: bool) -> Task:
         """Register a task; ``owned``: it ends when this peer's connection closes."""
         registry = self.host.registry
         self.host.limits.check_task_count(info.uid, registry.count_of(info.uid))
-        task = self.host.registrar.new_task(peer.uid, info, message)
+        task = self.host.registrar.new_task(peer.uid, info, fields)
         registry.add_pidfd(task)
         registry.add(task)
         if owned:
@@ -120,6 +120,7 @@ class Handlers:
         recycled pid registers nobody else's process."""
         if len(fds) != 2:
             raise ProtocolError("a channel request carries exactly two fds: memfd and eventfd")
+        request = ChannelRequest.from_wire(message)
         if peer.control is not None:
             raise ProtocolError("this connection already has a channel")
         info = read_process(peer.pid)
@@ -136,14 +137,11 @@ class Handlers:
                 f"process {peer.pid} runs under task {task.name!r} of uid {task.uid}; "
                 f"you (uid {peer.uid}) may feed only your own tasks"
             )
-        register = message.get("register")
-        if task is None and not register:
+        if task is None and request.register is None:
             raise NoSuchProcess(
                 f"process {peer.pid} is not part of a registered task; start it with "
                 "`gpreempt run` or pass register=True with a priority"
             )
-        if task is None and not isinstance(register, dict):
-            raise UsageError("register must be an object of task fields")
         try:
             control = ControlBlock.adopt(fds[0], fds[1])
         except ValueError as exc:
@@ -152,7 +150,8 @@ class Handlers:
         try:
             if task is None:
                 info = self.host.registrar.registrable(peer.uid, peer.pid)
-                task = self.add_task(peer, info, {**register, "pid": peer.pid}, owned=True)
+                assert request.register is not None
+                task = self.add_task(peer, info, request.register, owned=True)
         except BaseException:
             control.close()
             raise
@@ -217,19 +216,17 @@ class Handlers:
         return {task_id: sorted(found) for task_id, found in ids.items()}
 
     # ------------------------------------------------------------------ one named task
-    def target_task(self, peer: Peer, message: Message) -> Task:
+    def target_task(self, peer: Peer, target: str) -> Task:
         """The task a hold/evict/restore/detach request names (pid first, then the caller's
         own names), once the caller is checked to own it."""
-        target = message.get("target")
-        if isinstance(target, bool) or not isinstance(target, (str, int)):
-            raise UsageError("target must be a task name or pid")
-        task = self.host.registry.find(str(target), uid=peer.uid)
+        task = self.host.registry.find(target, uid=peer.uid)
         check_owner(peer.uid, task.uid, f"task {task.name!r}")
         return task
 
     def op_hold(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.target_task(peer, message)
-        hold = bounds.flag(message.get("hold"), "hold")
+        request = HoldRequest.from_wire(message)
+        task = self.target_task(peer, request.target)
+        hold = request.hold
         if task.held != hold:
             task.held = hold
             self.host.events.write(
@@ -242,7 +239,7 @@ class Handlers:
 
     def op_detach(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
         """Unregister a task: resumed first, then forgotten (its process goes on unmanaged)."""
-        task = self.target_task(peer, message)
+        task = self.target_task(peer, TargetRequest.from_wire(message).target)
         if task.evicted and not self.host.memory.restore(task, reason="detach"):
             raise UsageError(
                 f"task {task.name!r} is evicted and there is no room to restore it yet; "
@@ -256,12 +253,12 @@ class Handlers:
         return {"task": described}
 
     def op_evict(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.target_task(peer, message)
+        task = self.target_task(peer, TargetRequest.from_wire(message).target)
         self.host.memory.evict(task, reason=f"by uid {peer.uid}")
         return {"task": task.describe(time.monotonic())}
 
     def op_restore(self, peer: Peer, message: Message, fds: list[int]) -> dict[str, Any]:
-        task = self.target_task(peer, message)
+        task = self.target_task(peer, TargetRequest.from_wire(message).target)
         if not self.host.memory.restore(task, reason=f"by uid {peer.uid}"):
             return {"task": task.describe(time.monotonic()), "pending": True}
         self.host.reconcile()

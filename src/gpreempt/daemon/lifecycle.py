@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GpreemptError
+from ..messages import TaskFields
 from ..procinfo import alive
 from . import persist
 from .apply import Executor
@@ -124,7 +125,7 @@ class TaskLifecycle:
                     "min_share": record.min_share,
                     "reserve_bytes": record.reserve_bytes,
                 }
-                task = self.registrar.new_task(None, info, fields)
+                task = self.registrar.new_task(None, info, TaskFields.from_wire(fields))
             except (GpreemptError, ValueError, TypeError) as exc:
                 self.log(f"not registering attached process {record.pid} again: {exc}")
                 continue

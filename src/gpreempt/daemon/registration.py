@@ -2,30 +2,23 @@
 
 A process is registered only once it is checked: not one the daemon must never stop (init,
 the daemon and its ancestors), the caller's own unless the caller is root, and one this
-daemon may act on. Every field of the request is checked for its type and range (limits.py);
-the name is escaped and unique among its owner's tasks.
+daemon may act on. Every field of the request was checked for its type and range when it was
+read (messages.py); the name is escaped and unique among its owner's tasks.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import PermissionDenied, UsageError
 from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
-from ..priority import parse_priority
+from ..messages import TaskFields
 from ..procinfo import ProcessInfo, read_process
-from . import limits as bounds
 from .identity import clean_name
 from .limits import Limits
 from .registry import Registry, Task
-
-#: Most GPUs one task may name.
-MAX_GPUS = 64
-
-Message = dict[str, Any]
 
 
 def check_owner(caller_uid: int, uid: int, what: str) -> None:
@@ -72,10 +65,11 @@ class Registrar:
             )
         return info
 
-    def new_task(self, caller_uid: int | None, info: ProcessInfo, message: Message) -> Task:
-        """A task for process ``info`` from the fields of ``message``, each checked for its
-        type and range (limits.py); the name escaped and unique among its owner's tasks."""
-        given = bounds.text(message.get("name"), "name")
+    def new_task(self, caller_uid: int | None, info: ProcessInfo, fields: TaskFields) -> Task:
+        """A task for process ``info`` with ``fields`` (checked for type and range when read,
+        messages.py); the name escaped and unique among its owner's tasks, the mechanism one
+        this machine has, the priority one the caller may ask for."""
+        given = fields.name
         name = clean_name(given or info.name) or str(info.pid)
         if given and self.registry.name_taken(name, info.uid) is not None:
             taken = self.registry.name_taken(name, info.uid)
@@ -84,35 +78,18 @@ class Registrar:
                 f"you already have a task named {name!r} (pid {taken.pid}); give another name"
             )
         name = self.registry.free_name(name, info.uid)
-        raw_gpus = message.get("gpus")
-        if raw_gpus is None:
-            raw_gpus = [0]
-        if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
-            raise UsageError(f"gpus must be a list of 1 to {MAX_GPUS} GPU indexes")
-        gpus = tuple(bounds.whole(g, "a GPU index", 0, bounds.MAX_GPU_INDEX) for g in raw_gpus)
         mechanisms = self._mechanisms()
-        mechanism = bounds.text(message.get("mechanism"), "mechanism") or "auto"
-        chosen = mechanisms.get(mechanism)  # refuses mechanisms this machine lacks
-        if bounds.flag(message.get("check"), "check"):  # a running process: check it now
+        chosen = mechanisms.get(fields.mechanism)  # refuses mechanisms this machine lacks
+        if fields.check:  # a running process: check it now
             chosen.check(Target(pid=info.pid, start_time=info.start_time))
-        timeslice = message.get("timeslice_ms")
-        if timeslice is not None:
-            low, high = bounds.TIMESLICE_MS_RANGE
-            timeslice = bounds.number(timeslice, "--timeslice-ms", low, high)
-        min_share = message.get("min_share")
-        if min_share is not None:
-            min_share = bounds.number(min_share, "--min-share", 0, 1, open_low=True)
-        reserve = message.get("reserve_bytes") or 0
-        reserve = bounds.whole(reserve, "--reserve-memory", 0, bounds.MAX_RESERVE_BYTES)
-        if reserve and mechanisms.lock_unavailable:
+        if fields.reserve_bytes and mechanisms.lock_unavailable:
             raise UsageError(
                 "--reserve-memory needs memory eviction, which needs the NVIDIA driver "
                 f"checkpoint API, and this daemon has none ({mechanisms.lock_unavailable}); "
                 "leave --reserve-memory out"
             )
-        priority = parse_priority(message.get("priority", 0))
         if caller_uid is not None:
-            self.limits.check_priority(caller_uid, priority)
+            self.limits.check_priority(caller_uid, fields.priority)
         return Task(
             task_id=self.registry.new_id(),
             pid=info.pid,
@@ -122,11 +99,11 @@ class Registrar:
             start_time=info.start_time,
             uid=info.uid,
             name=name,
-            priority=priority,
-            gpus=gpus,
-            mechanism=mechanism,
-            always_active=bounds.flag(message.get("always_active"), "always_active"),
-            timeslice_ms=timeslice,
-            min_share=min_share,
-            reserve_bytes=reserve,
+            priority=fields.priority,
+            gpus=fields.gpus,
+            mechanism=fields.mechanism,
+            always_active=fields.always_active,
+            timeslice_ms=fields.timeslice_ms,
+            min_share=fields.min_share,
+            reserve_bytes=fields.reserve_bytes,
         )
