@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..config import SOCKET_NAME, resolve_runtime_dir
 from ..errors import DaemonUnavailable
 from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
+from ..priority import parse_priority
 from ..protocol import Connection, Message
 
 
@@ -59,7 +60,7 @@ class DaemonClient:
         pid: int,
         *,
         name: str | None = None,
-        priority: int = 0,
+        priority: int | str = 0,
         gpus: Sequence[int] = (0,),
         mechanism: str = "auto",
         always_active: bool = False,
@@ -70,7 +71,7 @@ class DaemonClient:
         ``options``: the other fields of :class:`~gpreempt.messages.TaskFields`."""
         task = TaskFields(
             name=name,
-            priority=priority,
+            priority=parse_priority(priority),
             gpus=tuple(gpus),
             mechanism=mechanism,
             always_active=always_active,
@@ -79,10 +80,15 @@ class DaemonClient:
         return self.send(RegisterRequest(pid=pid, task=task, owned=owned))
 
     def open_channel(
-        self, memfd: int, doorbell: int, register: TaskFields | None = None
+        self,
+        memfd: int,
+        doorbell: int,
+        register: TaskFields | Mapping[str, Any] | None = None,
     ) -> Message:
-        """Hand the daemon this process's control block and doorbell (registering this
-        process with ``register`` if it is no task's yet)."""
+        """Hand the daemon this process's control block and doorbell, registering this process
+        with ``register`` (task fields, or a mapping of them) if it is no task's yet."""
+        if register is not None and not isinstance(register, TaskFields):
+            register = TaskFields.from_wire(register) if register else None
         return self.send(ChannelRequest(register), fds=(memfd, doorbell))
 
     def status(self) -> Message:

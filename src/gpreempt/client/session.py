@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms, request_warm
 from ..control import ActivityView, ControlBlock, released_by_watch
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
-from ..messages import TaskFields
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
@@ -116,9 +115,7 @@ class Session:
         except GpreemptError:
             return False
         try:
-            reply = client.open_channel(
-                self.control.memfd, self.control.doorbell, _task_fields(self._register)
-            )
+            reply = client.open_channel(self.control.memfd, self.control.doorbell, self._register)
         except (GpreemptError, ProtocolError, OSError):
             client.close()  # e.g. the launcher has not registered us again yet
             return False
@@ -248,11 +245,6 @@ def current() -> Session | None:
     return _session
 
 
-def _task_fields(register: dict[str, Any] | None) -> TaskFields | None:
-    """The fields to register this process with, checked (None: it is a task's already)."""
-    return TaskFields.from_wire(register) if register else None
-
-
 def open_session(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
     """Open the session explicitly (``gpreempt.attach``); returns the existing one if open."""
     with _session_lock:
@@ -267,7 +259,7 @@ def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
     client = DaemonClient.connect(runtime_dir)
     control = ControlBlock.create()
     try:
-        reply = client.open_channel(control.memfd, control.doorbell, _task_fields(register))
+        reply = client.open_channel(control.memfd, control.doorbell, register)
     except (GpreemptError, ProtocolError, OSError) as exc:
         client.close()
         control.close()
