@@ -1,6 +1,5 @@
 """Full disks, lost directories, restarts, recycled pids and shared process groups hurt
-neither the daemon nor anyone's job (items 6-11 and 13-15 of the fault list of
-docs/robustness.md)."""
+neither the daemon nor anyone's job (docs/robustness.md says what happens on each)."""
 
 from __future__ import annotations
 

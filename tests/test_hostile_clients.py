@@ -1,5 +1,5 @@
-"""Hostile and broken clients cannot stop, slow or crash the daemon (items 1-5, 12 and 16
-of the fault list of docs/robustness.md)."""
+"""Hostile and broken clients cannot stop, slow or crash the daemon (the bounds
+docs/robustness.md states)."""
 
 from __future__ import annotations
 
