@@ -345,3 +345,28 @@ def test_cli_passes_all_and_memory_options(monkeypatch, tmp_path):
     config = seen["c"]
     assert config.scenarios == ALL_SCENARIOS
     assert (config.ballast_gib, config.growth_gib, config.reserve_gib) == (30.0, 35.0, None)
+
+
+def test_calibration_under_load_measures_what_a_request_takes_at_that_rate():
+    """Isolated requests understate a server whose requests slow down when they follow each
+    other: the probes at the load's rate report their own service times, not the isolated."""
+    import time
+
+    last = [0.0]
+
+    def handle() -> None:  # 1 ms alone, 4 ms when the previous one ended under 20 ms ago
+        busy = 0.004 if time.perf_counter() - last[0] < 0.02 else 0.001
+        time.sleep(busy)
+        last[0] = time.perf_counter()
+
+    service = loops.calibrate_under_load(handle, [1.0] * 30, load=0.5)
+    assert len(service) == 30
+    assert sum(service) / len(service) > 2.5  # the isolated figure was 1 ms
+    assert all(ms >= 0.9 for ms in service)
+
+
+def test_calibrate_argv_asks_for_the_probe_only_with_a_load(tmp_path):
+    workloads = Workloads()
+    assert "--calibrate-load" not in workloads.calibrate_argv(tmp_path / "c.json", 10)
+    argv = workloads.calibrate_argv(tmp_path / "c.json", 10, 0.5)
+    assert argv[argv.index("--calibrate-load") + 1] == "0.5"

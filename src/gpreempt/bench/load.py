@@ -11,7 +11,7 @@ from ..errors import UsageError
 
 
 def arrival_rate(load: float, service_s: float) -> float:
-    """Requests per second that keep a server of median service time ``service_s`` busy ``load``."""
+    """Requests per second that keep a server of mean service time ``service_s`` busy ``load``."""
     if not 0 < load < 1.5:
         raise UsageError(f"load must be in (0, 1.5), got {load}: 0.5 means half the GPU time")
     if service_s <= 0:

@@ -114,6 +114,30 @@ def calibrate(handle: Handler, count: int, gap_s: float = 0.002) -> list[float]:
     return times
 
 
+def calibrate_under_load(
+    handle: Handler, isolated_ms: Sequence[float], load: float, rounds: int = 2, seed: int = 1
+) -> list[float]:
+    """Service times (ms) of requests served open loop at ``load`` (``rounds`` probes).
+
+    A server's requests may take longer when they follow each other at a given rate than one
+    at a time (an eager server's CPU and the GPU's clocks settle differently), so the rate
+    that keeps it busy ``load`` of the time is found under that load: each probe serves as
+    many requests as ``isolated_ms`` holds, Poisson at ``load`` / the previous mean service
+    time, and returns each request's own time (end - start, queueing excluded).
+    """
+    from .load import arrival_rate, poisson_arrivals
+
+    service = list(isolated_ms)
+    for round_ in range(rounds):
+        rate = arrival_rate(load, sum(service) / len(service) / 1000.0)
+        offsets = poisson_arrivals(len(isolated_ms), rate, seed + round_)
+        got = serve(handle, offsets, time.time() + 0.01)
+        service = [
+            (end - start) * 1000.0 for start, end in zip(got["start"], got["end"], strict=True)
+        ]
+    return service
+
+
 def serve(
     handle: Handler,
     offsets: Sequence[float],

@@ -127,7 +127,7 @@ def render(results: Mapping[str, Any]) -> str:
         f"CUDA {device.get('cuda') or 'n/a'}, torch {device.get('torch') or 'n/a'}."
     )
     out.append(
-        f"Case-A {params.get('case_a')} (service time alone S = "
+        f"Case-A {params.get('case_a')} (mean service time alone at this load S = "
         f"{_num(params.get('service_ms_alone'), 3)} ms), load {params.get('load')} "
         f"(Poisson, {_num(params.get('arrival_rate_per_s'), 1)} requests/s, seed "
         f"{params.get('seed')}), {params.get('requests')} requests; {params.get('bg')} Case-B "

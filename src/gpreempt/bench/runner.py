@@ -133,8 +133,8 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
             config.mps_control,
             nvml=config.nvml,
         )
-        service_ms = calibrate(harness, out / "calibration", config.calibrate_requests)
-        service_s = statistics.median(service_ms) / 1000.0
+        service_ms = calibrate(harness, out / "calibration", config.calibrate_requests, config.load)
+        service_s = statistics.fmean(service_ms) / 1000.0
         rate = load.arrival_rate(config.load, service_s)
         offsets = load.poisson_arrivals(config.requests, rate, config.seed)
         (out / "arrivals.json").write_text(json.dumps(offsets))

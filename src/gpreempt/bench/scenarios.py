@@ -326,13 +326,14 @@ def _roles(raw: RawScenario) -> dict[int, str]:
     return roles
 
 
-def calibrate(harness: Harness, directory: Path, count: int) -> list[float]:
-    """Case-A's service times (ms) alone, ``count`` isolated requests, for the arrival rate."""
+def calibrate(harness: Harness, directory: Path, count: int, load: float = 0.0) -> list[float]:
+    """Case-A's service times (ms) alone, for the arrival rate: of ``count`` isolated requests,
+    or with ``load``, of ``count`` requests served open loop at that load."""
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / "calibration.json"
     child = Child.start(
         "calibrate",
-        harness.workloads.calibrate_argv(out, count),
+        harness.workloads.calibrate_argv(out, count, load),
         harness.workloads.environment(),
         directory,
     )

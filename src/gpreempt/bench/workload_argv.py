@@ -66,9 +66,11 @@ class Workloads:
         argv += ["--grow-chunk-bytes", str(plan.chunk_bytes), "--grow-wait-s", str(wait_s)]
         return argv + (["--memory-fn", self.memory_fn] if self.memory_fn else [])
 
-    def calibrate_argv(self, out: Path, count: int) -> list[str]:
+    def calibrate_argv(self, out: Path, count: int, load: float = 0.0) -> list[str]:
         argv = [*self._module(), "serve", "--batch", str(self.case_a_batch)]
         argv += ["--warmup-s", str(self.warmup_s), "--calibrate", str(count), "--out", str(out)]
+        if load:
+            argv += ["--calibrate-load", str(load)]
         if self.case_a_fn:
             return argv + ["--fn", self.case_a_fn]
         return argv + ([] if self.case_a_graph else ["--eager"])

@@ -99,8 +99,12 @@ def _stream(priority: int | None) -> contextlib.AbstractContextManager[Any]:
 def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict[str, Any]) -> int:
     loops.warm_up(handle, args.warmup_requests, args.warmup_s)
     if args.calibrate:
-        service = loops.calibrate(handle, args.calibrate)
-        loops.write_json(args.out, {"pid": os.getpid(), "service_ms": service, **extra})
+        isolated = loops.calibrate(handle, args.calibrate)
+        service = isolated
+        if args.calibrate_load:
+            service = loops.calibrate_under_load(handle, isolated, args.calibrate_load)
+        data = {"pid": os.getpid(), "service_ms": service, "isolated_ms": isolated}
+        loops.write_json(args.out, {**data, **extra})
         return 0
     offsets = json.loads(Path(args.arrivals).read_text())
     growth = None
@@ -271,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--go-timeout-s", type=float, default=600.0)
         p.add_argument("--arrivals", help="JSON list of arrival offsets in seconds")
         p.add_argument("--calibrate", type=int, default=0, help="measure N isolated requests")
+        p.add_argument(
+            "--calibrate-load",
+            type=float,
+            default=0.0,
+            help="then N requests open loop at this load, twice: their service times count",
+        )
         p.add_argument("--warmup-requests", type=int, default=50)
     serve.add_argument(
         "--eager", action="store_true", help="serve eagerly, without replaying a CUDA graph"

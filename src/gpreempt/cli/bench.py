@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=0.5,
         help="Case-A's offered load: requests arrive at load / S per second, S = Case-A's "
-        "median service time alone, measured first (default 0.5)",
+        "mean service time alone when served at that load, measured first (default 0.5)",
     )
     parser.add_argument(
         "--requests",
