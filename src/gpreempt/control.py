@@ -43,7 +43,8 @@ offset  type   meaning
 24      u64    waits: times the gate blocked a launch (client, statistics)
 32      u64    wait_ns: total nanoseconds blocked (client, statistics)
 40      u32    window: in-flight bound the gate uses (client, statistics)
-44      u32    gate_installed: 1 once an in-process gate watches launches (client)
+44      u32    gate_installed: 1 once an in-process gate watches launches, or stream
+               barriers alone hold the process's queued work (client)
 48      u32    hinted: 1 once the process used ``request()``; from then on its
                explicit requests alone say when it is active (client)
 52      u32    window_share_us: GPU time (us) the gate may keep in flight while
@@ -311,6 +312,14 @@ class ControlBlock:
     def set_auto_active(self, active: bool) -> None:
         """Publish auto-detected activity and ring the doorbell (client)."""
         self._set32(OFF_AUTO_ACTIVE, 1 if active else 0)
+        self.ring()
+
+    def set_barriers_on(self, on: bool) -> None:
+        """Say that stream barriers, with no launch gate, hold this process's queued work
+        (client, :mod:`gpreempt.client.stream_barriers`): ``gate_installed`` and
+        ``barriers_on`` together, so the daemon closes the gate word instead of locking."""
+        self._set32(OFF_BARRIERS_ON, 1 if on else 0)
+        self._set32(OFF_GATE_INSTALLED, 1 if on else 0)
         self.ring()
 
     def ring(self) -> None:

@@ -2,8 +2,10 @@
 
 Once PyTorch is imported it opens the session and installs the launch gate, so the daemon
 can stop this process's launches (gate mechanism) and learn when it uses the GPU
-(automatic activity). Everything here is best-effort: a failure leaves the program running
-as if it were not under gpreempt, with one line on stderr.
+(automatic activity). A process that imports CuPy and not PyTorch gets stream barriers
+instead (:mod:`.stream_barriers`), if it may be preempted. Everything here is best-effort:
+a failure leaves the program running as if it were not under gpreempt, with one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -69,13 +71,52 @@ def on_torch_imported(torch: ModuleType) -> None:
         print(f"gpreempt: launch gate not installed: {exc}", file=sys.stderr)
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`on_torch_imported` right after ``import torch`` completes."""
+def start_barriers_for(current: session.Session) -> Any:
+    """Start stream barriers (:mod:`.stream_barriers`) for a process without a launch gate,
+    if it may be preempted, its mechanism closes gates (``auto``, ``gate``) and
+    ``GPREEMPT_GATE`` is not 0; returns them, or None."""
+    if current.gate is not None or current.barriers is not None:
+        return current.barriers
+    if not _flag(ENV_GATE, True) or current.mechanism not in ("gate", "auto"):
+        return None
+    if current.priority >= NAMED["high"]:
+        return None  # nothing preempts it: nothing to hold
+    from .stream_barriers import StreamBarriers
+
+    barriers = StreamBarriers.start_for(current.control)
+    if barriers is not None:
+        current.use_barriers(barriers)
+    return barriers
+
+
+def on_cupy_imported(cupy: ModuleType) -> None:
+    if "torch" in sys.modules:
+        return  # PyTorch's gate is (or will be) the process's, barriers included
+    current = session.current()
+    if current is None:
+        return
+    try:
+        start_barriers_for(current)
+    except Exception as exc:  # the program must run even if the barriers cannot
+        print(f"gpreempt: stream barriers not started: {exc}", file=sys.stderr)
+
+
+#: What to do once each of these modules is imported.
+ON_IMPORT = {"torch": on_torch_imported, "cupy": on_cupy_imported}
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs the :data:`ON_IMPORT` action of a module right after its import completes."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        self._pending = dict(pending)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "torch":
+        action = self._pending.pop(fullname, None)
+        if action is None:
             return None
-        sys.meta_path.remove(self)
+        if not self._pending:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
@@ -84,7 +125,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             original(module)
-            on_torch_imported(module)
+            action(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -94,7 +135,11 @@ def boot() -> None:
     """Arm the client in a process started by ``gpreempt run``."""
     if not os.environ.get(ENV_TASK_ID):
         return
-    if "torch" in sys.modules:
-        on_torch_imported(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _TorchImportHook())
+    pending = {}
+    for name, action in ON_IMPORT.items():
+        if name in sys.modules:
+            action(sys.modules[name])
+        else:
+            pending[name] = action
+    if pending:
+        sys.meta_path.insert(0, _ImportHook(pending))

@@ -33,6 +33,7 @@ from .stranded import WatchedBlock, free_stranded
 
 if TYPE_CHECKING:
     from .gate import Gate
+    from .stream_barriers import StreamBarriers
 
 #: How often a session whose daemon went away looks for a new one.
 RECONNECT_PERIOD_S = 1.0
@@ -62,6 +63,8 @@ class Session:
         self.mechanism: str = reply["mechanism"]
         self.connected = True
         self.gate: Gate | None = None  # the launch gate, once installed (:meth:`use_gate`)
+        #: Stream barriers without a gate (:meth:`use_barriers`), for programs not on PyTorch.
+        self.barriers: StreamBarriers | None = None
         self._requests = 0
         self._lock = threading.Lock()
         #: Requests stay raised this long after the last one ends (:mod:`.linger`).
@@ -130,6 +133,12 @@ class Session:
             self.gate = gate
             gate.watch([view.address for view in self._watched], self._watch_version)
 
+    def use_barriers(self, barriers: StreamBarriers) -> None:
+        """The process's barrier thread runs: it waits for what the daemon said to watch."""
+        with self._watch_lock:
+            self.barriers = barriers
+            barriers.watch([view.address for view in self._watched], self._watch_version)
+
     def watched_active(self) -> bool:
         """Whether a task that outranks this one on its GPU is active right now, as read from
         the blocks the daemon sent (False if it sent none)."""
@@ -142,7 +151,8 @@ class Session:
         """Whether the gate may have put stream barriers that read watched blocks: those
         blocks then stay mapped for good (the GPU keeps their pages registered, and a new
         mapping at a reused address would be taken for the old one)."""
-        return self.gate is not None and self.gate.config.barrier_ms > 0
+        gate = self.gate is not None and self.gate.config.barrier_ms > 0
+        return gate or self.barriers is not None
 
     def must_wait(self) -> bool:
         """Whether the process should launch nothing now: its gate is closed (and not only
@@ -182,8 +192,11 @@ class Session:
         now = time.monotonic()
         barriers = self._gate_puts_barriers()
         with self._watch_lock:
+            addresses = [block.view.address for block in blocks]
             if self.gate is not None:
-                self.gate.watch([block.view.address for block in blocks], version)
+                self.gate.watch(addresses, version)
+            if self.barriers is not None:
+                self.barriers.watch(addresses, version)
             old, self._blocks = self._blocks, blocks
             self._retired += [(now, block.view) for block in old]
             self._watch_version = version
