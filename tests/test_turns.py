@@ -68,6 +68,15 @@ def test_a_busy_holder_hands_on_after_a_pause_for_its_queue_to_drain() -> None:
     assert clock.at(t + PAUSE_S, *tasks).suspend == {3, 4}
 
 
+def test_a_holder_whose_barriers_hold_its_queue_hands_on_without_a_pause() -> None:
+    clock = Clock()
+    tasks = (server(), *(trainer(i, barriers=True) for i in (2, 3, 4)))
+    clock.at(10.0, *tasks)
+    handoff = clock.at(10.0 + TURN_S, *tasks)
+    assert handoff.suspend == {2, 4}  # 3 launches at once: a request waits for one barrier
+    assert handoff.wake_at == pytest.approx(10.0 + 2 * TURN_S)
+
+
 def test_an_idle_holder_hands_on_at_once_and_a_round_of_idle_ones_parks_the_group() -> None:
     clock = Clock()
     busy = (server(), trainer(2), trainer(3), trainer(4))

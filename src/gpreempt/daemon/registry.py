@@ -165,6 +165,7 @@ class Task:
             min_share=self.min_share,
             run_seconds=self.run_seconds,
             gated=self.gated,
+            barriers=self.gated and self.barriers_on,
             idle_s=idle_s,
         )
 

@@ -31,6 +31,9 @@ class TaskView:
     run_seconds: float = 0.0
     #: An in-process gate bounds what the task keeps queued (mechanism gate or auto).
     gated: bool = False
+    #: Its gate puts stream barriers: the GPU holds what it queued at the next barrier, so a
+    #: preemption waits for at most one barrier's spacing of its work.
+    barriers: bool = False
     #: Seconds since the task last wanted the GPU (0 while it does; inf if it never did).
     idle_s: float = float("inf")
 
