@@ -3,8 +3,8 @@
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle), light, light3, light3-no-request, heavy3, cupy, compiled, eager,
-# sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named),
-# 3 repeats (1 for grace and sweep; GRACES and SWEEP_REPEATS choose). Each cell's
+# eager-no-barriers, sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5
+# (unless named), 3 repeats (REPEATS; 1 for grace, whose GRACES choose the graces). Each cell's
 # results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -43,8 +43,10 @@ for group in "$@"; do
       --scenarios gpreempt,gpreempt-gate ;;
     eager) cell eager 420 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
       --scenarios gpreempt ;;
+    eager-no-barriers) GPREEMPT_GATE_BARRIER_MS=0 cell eager-no-barriers 420 \
+      --repeats "$REPEATS" --case-a eager --case-b transformer-sync --scenarios gpreempt ;;
     sweep) for load in 0.2 0.8; do
-        cell "load-$load" 300 --repeats "${SWEEP_REPEATS:-1}" --load "$load" \
+        cell "load-$load" 420 --repeats "$REPEATS" --load "$load" \
           --case-b transformer-sync --scenarios gpreempt
       done ;;
     grace) for grace in ${GRACES:-0 0.2 1}; do

@@ -5,7 +5,9 @@
   of a process, and :mod:`.connection` speaks the protocol (:mod:`gpreempt.messages`).
 - :mod:`.gate`: the launch gate (its config, the C++ extension in ``csrc/gate.cpp``, the
   Python fallback, what it patches in torch); :mod:`.agent` installs it in a process started
-  by ``gpreempt run`` (through ``_agent_site/sitecustomize.py``).
+  by ``gpreempt run`` (through ``_agent_site/sitecustomize.py``), or, in a process that
+  imports CuPy and not PyTorch, :mod:`.stream_barriers` (driver calls in
+  :mod:`.cuda_stream_ops`).
 - :mod:`.launcher`: ``gpreempt run`` itself, which starts the command and keeps it safe
   whatever happens to the daemon.
 - :mod:`.scheduler`: ``GPUScheduler``, the policies between threads of one process.
