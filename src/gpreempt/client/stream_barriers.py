@@ -60,9 +60,6 @@ class StreamOps(Protocol):
 class StreamBarriers:
     """The barrier thread of one process (see the module's docstring)."""
 
-    #: The session keeps the blocks this thread's barriers read mapped for good.
-    puts_barriers = True
-
     def __init__(self, control: ControlBlock, ops: StreamOps, spacing_s: float = SPACING_S) -> None:
         self.control = control
         self.spacing_s = spacing_s
