@@ -14,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -61,14 +62,20 @@ def install_gate_for(current: session.Session) -> Any:
     return gate
 
 
-def on_torch_imported(torch: ModuleType) -> None:
+def _arm(install: Callable[[session.Session], Any], failure: str) -> None:
+    """Run ``install`` on the process's session, if it has one; a failure costs one line on
+    stderr (``failure``: what did not happen), never the program."""
     current = session.current()
     if current is None:
         return
     try:
-        install_gate_for(current)
-    except Exception as exc:  # the program must run even if the gate cannot
-        print(f"gpreempt: launch gate not installed: {exc}", file=sys.stderr)
+        install(current)
+    except Exception as exc:  # the program must run even if this cannot
+        print(f"gpreempt: {failure}: {exc}", file=sys.stderr)
+
+
+def on_torch_imported(torch: ModuleType) -> None:
+    _arm(install_gate_for, "launch gate not installed")
 
 
 def start_barriers_for(current: session.Session) -> Any:
@@ -92,13 +99,7 @@ def start_barriers_for(current: session.Session) -> Any:
 def on_cupy_imported(cupy: ModuleType) -> None:
     if "torch" in sys.modules:
         return  # PyTorch's gate is (or will be) the process's, barriers included
-    current = session.current()
-    if current is None:
-        return
-    try:
-        start_barriers_for(current)
-    except Exception as exc:  # the program must run even if the barriers cannot
-        print(f"gpreempt: stream barriers not started: {exc}", file=sys.stderr)
+    _arm(start_barriers_for, "stream barriers not started")
 
 
 #: What to do once each of these modules is imported.
