@@ -140,6 +140,18 @@ def test_scenario_metrics_against_references():
     assert seq["system_throughput"] == 1.0 and seq["b_kept"] == 0.0 and seq["valid"]
 
 
+def test_service_time_leaves_the_queue_out_and_can_keep_only_idle_arrivals():
+    # request 1 arrives at 0.000, starts at once, ends at 0.010; request 2 arrives at 0.005,
+    # while 1 runs, so it starts at 0.010; request 3 arrives at 0.050, to an idle server
+    serve = {
+        "scheduled": [0.0, 0.005, 0.050],
+        "start": [0.0, 0.010, 0.051],
+        "end": [0.010, 0.014, 0.054],
+    }
+    assert scenario_metrics.a_service_ms(serve) == pytest.approx([10.0, 4.0, 3.0])
+    assert scenario_metrics.a_service_ms(serve, idle_only=True) == pytest.approx([10.0, 3.0])
+
+
 def test_report_has_the_test_plan_tables_and_lists_invalid_scenarios():
     row = {
         "valid": True,

@@ -41,8 +41,8 @@ for group in "$@"; do
     cupy) cell cupy 420 --repeats "$REPEATS" --case-b cupy --scenarios gpreempt,gpreempt-lock ;;
     compiled) cell compiled 480 --repeats "$REPEATS" --case-b transformer-compiled \
       --scenarios gpreempt,gpreempt-gate ;;
-    eager) cell eager 420 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
-      --scenarios gpreempt ;;
+    eager) cell eager 570 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
+      --scenarios gpreempt,gpreempt-no-request ;;
     eager-no-barriers) GPREEMPT_GATE_BARRIER_MS=0 cell eager-no-barriers 420 \
       --repeats "$REPEATS" --case-a eager --case-b transformer-sync --scenarios gpreempt ;;
     sweep) for load in 0.2 0.8; do

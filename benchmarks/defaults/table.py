@@ -1,8 +1,10 @@
 """Print the defaults' cells from `gpreempt bench` result folders as one table.
 
 Usage: python benchmarks/defaults/table.py DIR [DIR ...]   (each DIR a bench --out folder)
-Writes nothing; prints, per cell and scenario, the P99 ratio and B kept as median [min-max]
-over the repeats, and how far Case-A alone drifted (a-alone-after's P99 ratio).
+Writes nothing; prints, per cell and scenario, the P99 ratio, Case-A's P99 in ms and B kept
+as median [min-max] over the repeats, and how far Case-A alone drifted: a-alone-after's P99
+ratio, and the range of Case-A's P99 alone over every run of a-alone and a-alone-after (for
+a server whose tail moves that much alone, "P99 inside the alone range" is what can be read).
 """
 
 from __future__ import annotations
@@ -13,13 +15,28 @@ from pathlib import Path
 
 
 def _span(row: dict, key: str) -> str:
-    value = row.get(key)
+    value: object = row
+    for part in key.split("."):  # "a_latency_ms.p99" is a nested value
+        value = value.get(part) if isinstance(value, dict) else None
     if not isinstance(value, (int, float)):
         return "n/a"
     spread = row.get("spread", {}).get(key)
     if spread and spread.get("n", 1) > 1:
         return f"{value:.2f} [{spread['min']:.2f}-{spread['max']:.2f}]"
     return f"{value:.2f}"
+
+
+def _alone_range_ms(scenarios: dict) -> tuple[float, float] | None:
+    """Min and max of Case-A's P99 (ms) over every repeat of a-alone and a-alone-after."""
+    values = []
+    for name in ("a-alone", "a-alone-after"):
+        row = scenarios.get(name, {})
+        spread = row.get("spread", {}).get("a_latency_ms.p99")
+        if spread:
+            values += [spread["min"], spread["max"]]
+        elif (row.get("a_latency_ms") or {}).get("p99") is not None:
+            values.append(row["a_latency_ms"]["p99"])
+    return (min(values), max(values)) if values else None
 
 
 def rows(folder: Path) -> list[str]:
@@ -30,13 +47,26 @@ def rows(folder: Path) -> list[str]:
         f"{folder.name}: Case-A {params['case_a']} load {params['load']}, "
         f"{params['bg']} x {params['case_b']}, {params['repeats']} repeat(s)"
     )
-    lines = [f"{cell}; a-alone-after P99 ratio {_span(after, 'a_p99_ratio')}"]
+    alone = _alone_range_ms(scenarios)
+    alone_text = f"; Case-A alone P99 {alone[0]:.1f}-{alone[1]:.1f} ms" if alone else ""
+    lines = [f"{cell}; a-alone-after P99 ratio {_span(after, 'a_p99_ratio')}{alone_text}"]
     for name, row in scenarios.items():
         if name in ("a-alone", "b-alone", "sequential", "a-alone-after"):
             continue
         valid = "" if row.get("valid") else f"  INVALID: {row.get('invalid_reason')}"
+        p99_ms = (row.get("a_latency_ms") or {}).get("p99")
+        inside = ""
+        if alone and p99_ms is not None:
+            inside = (
+                " (above alone)"
+                if p99_ms > alone[1]
+                else " (below alone)"
+                if p99_ms < alone[0]
+                else " (inside alone)"
+            )
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
+            f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
             f"B kept {_span(row, 'b_kept'):20s}{valid}"
         )
     return lines

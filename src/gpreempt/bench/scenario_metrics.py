@@ -1,7 +1,9 @@
 """From what a scenario's processes recorded to the numbers of BENCHMARK.md.
 
 - Case-A latency = completion - *scheduled* arrival (queueing counts); ``a_p99_ratio`` against
-  Case-A alone on the same arrivals.
+  Case-A alone on the same arrivals. ``a_service_ms``: completion - start, the request's own
+  time without its wait in the queue (``a_service_idle_ms``: only the requests that found the
+  server idle, which are the ones that may wait for a trainer's queued work first).
 - ``a_served``: Case-A's requests per second from first arrival to last completion, against
   Case-A alone (1.0 = kept up with the offered load as well as alone).
 - ``b_kept``: Case-B steps per second completed inside Case-A's window (first arrival to last
@@ -34,6 +36,18 @@ def a_latencies_ms(serve: dict[str, Any]) -> list[float]:
     return [
         (end - due) * 1000.0 for due, end in zip(serve["scheduled"], serve["end"], strict=False)
     ]
+
+
+def a_service_ms(serve: dict[str, Any], idle_only: bool = False) -> list[float]:
+    """Per request: completion - start, in ms; with ``idle_only``, only the requests that
+    arrived after the previous one had completed."""
+    rows = zip(serve["scheduled"], serve["start"], serve["end"], strict=False)
+    times, previous_end = [], float("-inf")
+    for due, start, end in rows:
+        if not idle_only or due >= previous_end:
+            times.append((end - start) * 1000.0)
+        previous_end = end
+    return times
 
 
 def b_step_times(raw: RawScenario) -> list[list[float]] | None:
@@ -77,13 +91,21 @@ def scenario_metrics(
     if raw.serve:
         latency = stats.latency_summary(a_latencies_ms(raw.serve))
         row["a_latency_ms"] = latency
+        row["a_service_ms"] = stats.latency_summary(a_service_ms(raw.serve))
+        row["a_service_idle_ms"] = stats.latency_summary(a_service_ms(raw.serve, idle_only=True))
         row["a_p99_ratio"] = stats.ratio(latency["p99"] if latency else None, ref_p99)
         row["a_served"] = stats.ratio(
             a_served_rate(raw), a_served_rate(a_alone) if a_alone else None
         )
         row["a_requests"] = len(raw.serve["end"])
     else:
-        row.update(a_latency_ms=None, a_p99_ratio=None, a_requests=0)
+        row.update(
+            a_latency_ms=None,
+            a_service_ms=None,
+            a_service_idle_ms=None,
+            a_p99_ratio=None,
+            a_requests=0,
+        )
         row["a_served"] = 0.0 if raw.name == "b-alone" else None
     if raw.trains:
         rate = b_rate(raw)
