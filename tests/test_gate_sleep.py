@@ -95,11 +95,20 @@ def test_a_watched_task_starting_wakes_it(control):
         high.close()
 
 
-def test_an_unbound_gate_never_sleeps_and_uninstall_restores_the_hook(control):
+def test_an_unbound_gate_sleeps_once_its_process_uses_request_and_uninstall_restores_the_hook(
+    control,
+):
     gate = install_gate(control, resolve_config(bound=False, auto_activity=True))
     control.set_sleep_ok(True)
     time.sleep(0.05)
-    assert not gate.stats()["asleep"]
+    assert not gate.stats()["asleep"]  # its launches are how others learn it is active
+    control.set_requests(1)  # the first request(): from now on its requests say so
+    control.set_requests(0)
+    assert _until(lambda: gate.stats()["asleep"])
+    assert _launches_seen(gate, torch.ones(4)) == 0
+    control.set_gate(True)  # something more important closes it: awake at once
+    assert _until(lambda: not gate.stats()["asleep"], 0.5)
+    control.set_gate(False)
     gate.uninstall()
     bound = install_gate(control, resolve_config(bound=True, auto_activity=False))
     assert _until(lambda: bound.stats()["asleep"])

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+from conftest import Daemon, gp_env, spawn, wait_for
 from conftest import task_view as view
 
 from gpreempt.policy import Snapshot
@@ -44,6 +50,13 @@ def test_someone_who_needs_its_activity_keeps_it_awake() -> None:
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(), ungated_peer)))[0] == {1}
 
 
+def test_a_server_that_calls_request_may_sleep_above_its_trainers() -> None:
+    gated_server = server(gated=True, idle_s=0)
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), gated_server)))[0] == set()
+    hinted = server(gated=True, idle_s=0, hinted=True)  # its requests say when it is active
+    assert sleepers(Snapshot(now=0.0, tasks=(trainer(), hinted)))[0] == {2}
+
+
 def test_other_gpus_do_not_count_and_multi_gpu_tasks_need_every_gpu_quiet() -> None:
     elsewhere = server(idle_s=0, gpus=(1,))
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(), elsewhere)))[0] == {1}
@@ -56,3 +69,50 @@ def test_ungated_suspended_or_held_tasks_and_a_zero_delay_never_sleep() -> None:
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(suspended=True),)))[0] == set()
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(held=True),)))[0] == set()
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(),)), after_s=0) == (set(), None)
+
+
+SERVER = """
+import os, sys, time
+import gpreempt
+session = gpreempt.attach("high", name="srv", gate=False, runtime_dir=sys.argv[1])
+session.control.set_barriers_on(True)  # stands for its installed gate
+go = sys.argv[2] + ".go"
+while True:
+    if os.path.exists(go):
+        session.enter_request()
+        session.exit_request()
+        os.remove(go)
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(str(int(session.control.sleep_ok)))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    time.sleep(0.02)
+"""
+
+
+def test_the_daemon_lets_a_server_sleep_above_a_trainer_once_it_uses_request(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    daemon = Daemon(runtime_dir)
+    seen = tmp_path / "sleep_ok"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(runtime_dir), str(seen)], env=gp_env(runtime_dir)
+    )
+    procs = [server]
+
+    def sleep_ok() -> str:
+        return seen.read_text() if seen.exists() else ""
+
+    try:
+        assert wait_for(lambda: sleep_ok() == "1", 10), sleep_ok()  # alone: nobody needs it
+        procs.append(spawn(runtime_dir, "run", "-p", "low", "--name", "b", "--", "sleep", "60"))
+        assert wait_for(lambda: sleep_ok() == "0", 10), sleep_ok()  # its launches are needed
+        time.sleep(0.3)
+        assert sleep_ok() == "0"
+        Path(f"{seen}.go").touch()  # its first request: from now on its requests say it
+        assert wait_for(lambda: sleep_ok() == "1", 10), sleep_ok()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+        daemon.stop()

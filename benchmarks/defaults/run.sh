@@ -2,8 +2,9 @@
 # The defaults' cells (gpreempt run --priority low|high, nothing else set), on GPU 0.
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
-# task registered but idle), light, light3, light3-no-request, heavy3, cupy, compiled, eager,
-# eager-no-barriers, sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5
+# task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
+# server), light, light3, light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers,
+# sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5
 # (unless named), 3 repeats (REPEATS; 1 for grace, whose GRACES choose the graces). Each cell's
 # results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
@@ -31,6 +32,10 @@ for group in "$@"; do
         --phases overhead_defaults,overhead_defaults_sync,overhead_defaults_heavy \
         > "$OUT/overhead.txt" 2>&1
       echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt" ;;
+    server-gate)
+      timeout 300 python3 benchmarks/defaults/server_gate.py --out "$OUT/server_gate" --rounds 8 \
+        > "$OUT/server_gate.txt" 2>&1
+      echo "server-gate rc=$?"; tail -5 "$OUT/server_gate.txt" ;;
     light) cell light 420 --repeats "$REPEATS" --case-b transformer-sync \
       --scenarios gpreempt,gpreempt-no-request ;;
     light3) cell light3 480 --repeats "$REPEATS" --case-b transformer-sync --bg 3 \

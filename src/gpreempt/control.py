@@ -252,6 +252,11 @@ class ControlBlock:
         return self._get32(OFF_SLEEP_OK) != 0
 
     @property
+    def hinted(self) -> bool:
+        """The process has used ``request()``: its requests alone say when it is active."""
+        return self._get32(OFF_HINTED) != 0
+
+    @property
     def barriers_on(self) -> bool:
         """The task's gate puts stream barriers: the GPU holds its queued work by itself."""
         return self._get32(OFF_BARRIERS_ON) != 0

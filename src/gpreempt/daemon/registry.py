@@ -97,6 +97,11 @@ class Task:
         return any(c.barriers_on for c in self.controls.values())
 
     @property
+    def hinted(self) -> bool:
+        """Whether it says when it is active with ``request()`` (then only its requests count)."""
+        return any(c.hinted for c in self.controls.values())
+
+    @property
     def active(self) -> bool:
         """Whether the task wants the GPU now."""
         return self.always_active or any(c.is_active() for c in self.controls.values())
@@ -166,6 +171,7 @@ class Task:
             run_seconds=self.run_seconds,
             gated=self.gated,
             barriers=self.gated and self.barriers_on,
+            hinted=self.hinted,
             idle_s=idle_s,
         )
 

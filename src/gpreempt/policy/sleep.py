@@ -7,8 +7,11 @@ lets the task's gate sleep (``sleep_ok`` in its control block), and the gate wak
 the moment the daemon closes it or a watched task becomes active (docs/gate.md).
 
 A task whose own activity somebody needs never sleeps: one with a less important task on its
-GPU (it preempts that one when it launches), or one that takes turns with gated peers of equal
-priority (a turn passes on when its holder goes idle).
+GPU that does not call ``request()`` (its gate notices its launches, and that preempts the
+less important one), or one that takes turns with gated peers of equal priority (a turn passes
+on when its holder goes idle). A server that calls ``request()`` says when it is active by
+itself, so its gate may sleep too: an eager server then pays no per-operator hook on each of
+its hundreds of operators per request.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def sleepers(
             for other in by_gpu[gpu]:
                 if other.task_id == task.task_id:
                     continue
-                below = other.priority < task.priority
+                below = other.priority < task.priority and not task.hinted
                 if below or (other.priority == task.priority and other.gated):
                     blocked = True
                 elif other.priority > task.priority:

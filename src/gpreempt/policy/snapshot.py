@@ -34,6 +34,9 @@ class TaskView:
     #: Its gate puts stream barriers: the GPU holds what it queued at the next barrier, so a
     #: preemption waits for at most one barrier's spacing of its work.
     barriers: bool = False
+    #: It says when it is active with ``request()``: its launches outside requests do not
+    #: count, so nobody needs its gate to notice them.
+    hinted: bool = False
     #: Seconds since the task last wanted the GPU (0 while it does; inf if it never did).
     idle_s: float = float("inf")
 

@@ -30,7 +30,9 @@
 //   * asleep: while the daemon says that nobody more important on the GPU has been active for a
 //     while (sleep_ok), the gate is closed by no one and no watched task is active, a bound
 //     gate disables its callback, so that operators cost nothing at all; a thread wakes it
-//     (re-enables the callback) the moment that changes.
+//     (re-enables the callback) the moment that changes. An unbounded gate (a task that
+//     preempts others) sleeps the same way once its process uses request() (hinted), whose
+//     requests then say when it is active instead of its launches.
 //
 // Device work goes through c10's device-generic DeviceGuardImplInterface (CUDA and ROCm builds
 // register theirs under DeviceType::CUDA), so this file needs no CUDA headers and builds
@@ -1317,7 +1319,12 @@ void activity_loop(GateState* g) {
 // first launch after waking puts a stream barrier. What the process queued while asleep is not
 // bounded: that is the price of the first request after a long idle time.
 bool may_sleep(GateState* g) {
-  return load32(g->ctl, kOffSleepOk) != 0 && load32(g->ctl, kOffGateClosed) == 0 &&
+  // a gate that detects its process's activity for others keeps its hook, unless the process
+  // says when it is active with request() (hinted): then its launches no longer count
+  const bool activity_unneeded =
+      g->cfg.bound || !g->cfg.auto_activity || load32(g->ctl, kOffHinted) != 0;
+  return activity_unneeded && load32(g->ctl, kOffSleepOk) != 0 &&
+         load32(g->ctl, kOffGateClosed) == 0 &&
          !watched_active(g->watch.load(std::memory_order_acquire)) &&
          g->captures.load(std::memory_order_relaxed) == 0 &&
          !g_task_gates.load(std::memory_order_relaxed);
@@ -1421,9 +1428,7 @@ void install(uintptr_t control_address, int doorbell, const py::object& config,
                                        .needsIds(false)
                                        .scopes({at::RecordScope::FUNCTION}));
   store32(g->ctl, kOffInstalled, 1);
-  if (g->cfg.bound) {
-    g->sleeper = std::thread(sleep_loop, g, g_handle);
-  }
+  g->sleeper = std::thread(sleep_loop, g, g_handle);
 }
 
 void uninstall() {
