@@ -22,29 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from gpreempt.bench import stats
 from gpreempt.bench.builtin_workloads import resnet50_server
 from gpreempt.client.gate import install_gate, resolve_config
 from gpreempt.control import ControlBlock
 
 CONFIGS = ("none", "awake", "asleep")
-
-
-def _summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    n = len(ordered)
-    return {
-        "n": n,
-        "mean": statistics.fmean(ordered),
-        "p50": ordered[n // 2],
-        "p90": ordered[int(0.9 * n)],
-        "p99": ordered[int(0.99 * n)],
-    }
 
 
 def main() -> int:
@@ -89,7 +77,7 @@ def main() -> int:
         "torch": torch.__version__,
         "rounds": args.rounds,
         "requests_per_round": args.requests,
-        "service_ms": {name: _summary(values) for name, values in times.items()},
+        "service_ms": {name: stats.latency_summary(values) for name, values in times.items()},
         "rounds_ending_asleep": asleep_seen,
     }
     (args.out / "server_gate.json").write_text(json.dumps(result, indent=1))
