@@ -129,11 +129,14 @@ def test_scenario_metrics_against_references():
     assert row["b_kept"] == pytest.approx(15 / 0.304 / 100.0)
     assert row["a_served"] == pytest.approx(0.302 / 0.304)
     assert row["system_throughput"] == pytest.approx(row["a_served"] + row["b_kept"])
+    # Case-A served 4 requests of 4 ms in a 0.304 s window: it left the rest idle
+    assert row["a_busy"] == pytest.approx(0.016 / 0.304)
+    assert row["b_kept_of_idle"] == pytest.approx(row["b_kept"] / (1 - 0.016 / 0.304))
     assert row["preempt_latency_ms"]["p50"] == pytest.approx(0.3)
     assert row["b_suspended_fraction"] == pytest.approx(0.05 / 0.304)
     ref = scenario_metrics.scenario_metrics(alone, alone, b_rate)
     assert ref["a_p99_ratio"] == 1.0 and ref["b_kept"] == 0.0 and ref["system_throughput"] == 1.0
-    assert ref["preempt_latency_ms"] is None
+    assert ref["preempt_latency_ms"] is None and ref["b_kept_of_idle"] is None
     seq = scenario_metrics.sequential_metrics(
         ref, scenario_metrics.scenario_metrics(b_alone, alone, b_rate)
     )
@@ -150,6 +153,10 @@ def test_service_time_leaves_the_queue_out_and_can_keep_only_idle_arrivals():
     }
     assert scenario_metrics.a_service_ms(serve) == pytest.approx([10.0, 4.0, 3.0])
     assert scenario_metrics.a_service_ms(serve, idle_only=True) == pytest.approx([10.0, 3.0])
+    # busy 10 + 4 + 3 ms of the 54 ms window; a window that cuts request 1 in half counts half
+    assert scenario_metrics.a_busy(serve, (0.0, 0.054)) == pytest.approx(17 / 54)
+    assert scenario_metrics.a_busy(serve, (0.005, 0.054)) == pytest.approx(12 / 49)
+    assert scenario_metrics.a_busy(serve, (0.01, 0.01)) is None
 
 
 def test_report_has_the_test_plan_tables_and_lists_invalid_scenarios():

@@ -1,7 +1,8 @@
 """Print the defaults' cells from `gpreempt bench` result folders as one table.
 
 Usage: python benchmarks/defaults/table.py DIR [DIR ...]   (each DIR a bench --out folder)
-Writes nothing; prints, per cell and scenario, the P99 ratio, Case-A's P99 in ms and B kept
+Writes nothing; prints, per cell and scenario, the P99 ratio, Case-A's P99 in ms, B kept and
+(where recorded) the share of the window Case-A was busy and B kept of the time it left idle,
 as median [min-max] over the repeats, and how far Case-A alone drifted: a-alone-after's P99
 ratio, and the range of Case-A's P99 alone over every run of a-alone and a-alone-after (for
 a server whose tail moves that much alone, "P99 inside the alone range" is what can be read).
@@ -64,10 +65,15 @@ def rows(folder: Path) -> list[str]:
                 if p99_ms < alone[0]
                 else " (inside alone)"
             )
+        busy = (
+            f" A busy {_span(row, 'a_busy'):20s} kept of idle {_span(row, 'b_kept_of_idle')}"
+            if row.get("a_busy") is not None
+            else ""
+        )
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
             f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
-            f"B kept {_span(row, 'b_kept'):20s}{valid}"
+            f"B kept {_span(row, 'b_kept'):20s}{busy}{valid}"
         )
     return lines
 

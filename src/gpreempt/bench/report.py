@@ -155,7 +155,8 @@ def render(results: Mapping[str, Any]) -> str:
     out.append(
         "Inside Case-A's window (first arrival to last completion). A served: Case-A's request "
         "rate against Case-A alone. B kept: Case-B steps/s against Case-B alone. "
-        "System throughput = A served + B kept."
+        "System throughput = A served + B kept. A busy: share of the window Case-A was serving "
+        "(the load it really put on the GPU); B kept of idle = B kept / (1 - A busy)."
     )
     out.append("")
     rows = [
@@ -165,10 +166,23 @@ def render(results: Mapping[str, Any]) -> str:
             _cell(row, "b_steps_per_s", 1),
             _cell(row, "b_kept"),
             _cell(row, "system_throughput"),
+            _cell(row, "a_busy"),
+            _cell(row, "b_kept_of_idle"),
         ]
         for name, row in scenarios.items()
     ]
-    out += _table(["scenario", "A served", "B steps/s", "B kept", "system throughput"], rows)
+    out += _table(
+        [
+            "scenario",
+            "A served",
+            "B steps/s",
+            "B kept",
+            "system throughput",
+            "A busy",
+            "B kept of idle",
+        ],
+        rows,
+    )
     preempt = {
         n: r for n, r in scenarios.items() if n.startswith("gpreempt-") or "suspensions" in r
     }

@@ -9,6 +9,10 @@
 - ``b_kept``: Case-B steps per second completed inside Case-A's window (first arrival to last
   completion), summed over Case-B processes, against Case-B alone with as many processes.
 - ``system_throughput`` = a_served + b_kept (sequential sharing gives 1.0).
+- ``a_busy``: share of the window in which Case-A was serving a request (sum of its service
+  times / window), the load it really put on the GPU; ``b_kept_of_idle`` = b_kept / (1 -
+  a_busy), what Case-B got of the time Case-A left. A server whose service time drifts away
+  from its calibration (an eager one) runs at another load than asked, and b_kept moves with it.
 - ``preempt_latency_ms``: the daemon's ``suspend`` events' ``latency_ms``, p50/p99/max.
 - ``gpreempt-scheduler`` (no daemon): ``b_suspended_fraction`` from the scheduler's own
   accounting of Case-B's suspended time (Case-A is active only inside its window).
@@ -67,6 +71,19 @@ def b_rate(raw: RawScenario) -> float | None:
     return stats.rate_in_window(times, *raw.window)
 
 
+def a_busy(serve: dict[str, Any], window: tuple[float, float]) -> float | None:
+    """Share of ``window`` covered by Case-A's requests (start to completion); None for an
+    empty window. Requests are served one at a time, so their spans do not overlap."""
+    span = window[1] - window[0]
+    if span <= 0:
+        return None
+    busy = sum(
+        max(0.0, min(end, window[1]) - max(start, window[0]))
+        for start, end in zip(serve["start"], serve["end"], strict=False)
+    )
+    return min(1.0, busy / span)
+
+
 def a_served_rate(raw: RawScenario) -> float | None:
     if not raw.serve:
         return None
@@ -98,6 +115,7 @@ def scenario_metrics(
             a_served_rate(raw), a_served_rate(a_alone) if a_alone else None
         )
         row["a_requests"] = len(raw.serve["end"])
+        row["a_busy"] = a_busy(raw.serve, raw.window) if raw.window else None
     else:
         row.update(
             a_latency_ms=None,
@@ -105,6 +123,7 @@ def scenario_metrics(
             a_service_idle_ms=None,
             a_p99_ratio=None,
             a_requests=0,
+            a_busy=0.0 if raw.name == "b-alone" else None,
         )
         row["a_served"] = 0.0 if raw.name == "b-alone" else None
     if raw.trains:
@@ -114,6 +133,12 @@ def scenario_metrics(
     else:
         row["b_steps_per_s"] = 0.0
         row["b_kept"] = 0.0
+    busy = row["a_busy"]
+    row["b_kept_of_idle"] = (
+        row["b_kept"] / (1.0 - busy)
+        if raw.trains and row["b_kept"] is not None and busy is not None and busy < 1.0
+        else None
+    )
     row["system_throughput"] = (
         row["a_served"] + row["b_kept"]
         if row["a_served"] is not None and row["b_kept"] is not None
@@ -226,8 +251,10 @@ def sequential_metrics(a_row: dict[str, Any], b_row: dict[str, Any]) -> dict[str
         "a_p99_ratio": a_row.get("a_p99_ratio"),
         "a_served": a_row.get("a_served"),
         "a_requests": a_row.get("a_requests"),
+        "a_busy": a_row.get("a_busy"),
         "b_steps_per_s": 0.0,
         "b_kept": 0.0,
+        "b_kept_of_idle": None,
         "system_throughput": a_row.get("a_served"),
         "preempt_latency_ms": None,
         "gpu_util": a_row.get("gpu_util"),

@@ -288,7 +288,7 @@ def _print_summary(results: dict, out_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title="gpreempt bench (Case-A P99 ratio: lower is better, 1.0 = as alone)")
-    for column in ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "system"):
+    for column in ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "A busy", "system"):
         table.add_column(column, justify="left" if column == "scenario" else "right")
 
     def fmt(value: object, digits: int = 2) -> str:
@@ -302,6 +302,7 @@ def _print_summary(results: dict, out_dir: Path) -> None:
             fmt(latency.get("p99"), 3),
             fmt(row.get("a_p99_ratio")),
             fmt(row.get("b_kept")),
+            fmt(row.get("a_busy")),
             fmt(row.get("system_throughput")),
         )
     console = Console()
