@@ -3,9 +3,10 @@
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
-# server), light, light3, light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers,
-# sweep, grace. Every bench cell runs 1000 requests of Case-A at load 0.5
-# (unless named), 3 repeats (REPEATS; 1 for grace, whose GRACES choose the graces). Each cell's
+# server), light, light6 (light's default scenario alone, 6 repeats), light3,
+# light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace.
+# Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
+# (REPEATS; 1 for grace, whose GRACES choose the graces; 6 for light6). Each cell's
 # results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -38,6 +39,7 @@ for group in "$@"; do
       echo "server-gate rc=$?"; tail -5 "$OUT/server_gate.txt" ;;
     light) cell light 420 --repeats "$REPEATS" --case-b transformer-sync \
       --scenarios gpreempt,gpreempt-no-request ;;
+    light6) cell light6 560 --repeats 6 --case-b transformer-sync --scenarios gpreempt ;;
     light3) cell light3 480 --repeats "$REPEATS" --case-b transformer-sync --bg 3 \
       --scenarios gpreempt,gpreempt-no-request ;;
     light3-no-request) cell light3-no-request 480 --repeats "$REPEATS" --case-b transformer-sync \
