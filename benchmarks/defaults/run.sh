@@ -4,9 +4,10 @@
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
 # server), light, light6 (light's default scenario alone, 6 repeats), light3,
-# light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace.
+# light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
+# eager-grace (grace for the eager server without request()).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
-# (REPEATS; 1 for grace, whose GRACES choose the graces; 6 for light6). Each cell's
+# (REPEATS; 1 for grace and eager-grace, whose GRACES choose the graces; 6 for light6). Each cell's
 # results.json/report.md go to $OUT/<cell>/; a table is printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -58,6 +59,10 @@ for group in "$@"; do
       done ;;
     grace) for grace in ${GRACES:-0 0.2 1}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "grace-$grace" 300 --repeats 1 \
+          --case-b transformer-sync --scenarios gpreempt-no-request
+      done ;;
+    eager-grace) for grace in ${GRACES:-0 0.5 2}; do
+        GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 200 --repeats 1 --case-a eager \
           --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
     *) echo "unknown group $group"; exit 2 ;;
