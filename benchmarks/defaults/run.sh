@@ -3,12 +3,13 @@
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
-# server), light, light6 (light's default scenario alone, 6 repeats), light3,
+# server), light, light6 and light6-no-request (light's two scenarios, 6 repeats), light3,
 # light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
 # eager-grace (grace for the eager server without request()).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
-# (REPEATS; 1 for grace and eager-grace, whose GRACES choose the graces; 6 for light6). Each cell's
-# results.json/report.md go to $OUT/<cell>/; a table is printed.
+# (REPEATS; 1 for grace, GRACE_REPEATS (default 1) for eager-grace, GRACES choosing both's
+# graces; 6 for light6). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
+# printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -41,6 +42,8 @@ for group in "$@"; do
     light) cell light 420 --repeats "$REPEATS" --case-b transformer-sync \
       --scenarios gpreempt,gpreempt-no-request ;;
     light6) cell light6 560 --repeats 6 --case-b transformer-sync --scenarios gpreempt ;;
+    light6-no-request) cell light6-no-request 560 --repeats 6 --case-b transformer-sync \
+      --scenarios gpreempt-no-request ;;
     light3) cell light3 480 --repeats "$REPEATS" --case-b transformer-sync --bg 3 \
       --scenarios gpreempt,gpreempt-no-request ;;
     light3-no-request) cell light3-no-request 480 --repeats "$REPEATS" --case-b transformer-sync \
@@ -62,8 +65,9 @@ for group in "$@"; do
           --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
     eager-grace) for grace in ${GRACES:-0 0.5 2}; do
-        GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 200 --repeats 1 --case-a eager \
-          --case-b transformer-sync --scenarios gpreempt-no-request
+        reps=${GRACE_REPEATS:-1}
+        GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" $((100 + 100 * reps)) \
+          --repeats "$reps" --case-a eager --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
     *) echo "unknown group $group"; exit 2 ;;
   esac
