@@ -9,7 +9,8 @@ Interleaved rounds in one process, requests one at a time with exponential gaps 
 about load 0.5), each request's own time (no queue):
 
 - ``none``: no gate;
-- ``awake``: the gate a ``high`` task gets (unbounded, automatic activity, no grace);
+- ``awake``: the gate ``gpreempt run --priority high`` gives (unbounded, automatic activity,
+  no grace);
 - ``asleep``: the same gate after the process used ``request()`` and the daemon allowed it
   to sleep (``sleep_ok``).
 
@@ -29,8 +30,10 @@ import torch
 
 from gpreempt.bench import stats
 from gpreempt.bench.builtin_workloads import resnet50_server
-from gpreempt.client.gate import install_gate, resolve_config
+from gpreempt.client.agent import gate_config_for
+from gpreempt.client.gate import install_gate
 from gpreempt.control import ControlBlock
+from gpreempt.priority import NAMED
 
 CONFIGS = ("none", "awake", "asleep")
 
@@ -54,8 +57,7 @@ def main() -> int:
             control = ControlBlock.create()
             gate = None
             if name != "none":
-                config = resolve_config(bound=False, auto_activity=True, idle_grace_ms=0.0)
-                gate = install_gate(control, config)
+                gate = install_gate(control, gate_config_for(NAMED["high"], "auto"))
             if name == "asleep":
                 control.set_requests(1)  # the process used request()
                 control.set_requests(0)

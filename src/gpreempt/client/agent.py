@@ -29,34 +29,48 @@ def _flag(name: str, default: bool) -> bool:
     return default if (value := env_switch(name)) is None else value
 
 
-def install_gate_for(current: session.Session) -> Any:
-    """Install the launch gate in this process for the session's task, if wanted and possible.
+#: The mechanisms that stop a task by closing its gate, so its queue is held by stream barriers.
+GATE_MECHANISMS = ("gate", "auto")
+
+
+def gate_config_for(priority: int, mechanism: str) -> Any:
+    """The launch gate's settings (a ``GateConfig``) for a task of this priority and mechanism,
+    as ``gpreempt run`` gives them: the same for the benchmarks that measure them.
 
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
-    task detects its own GPU activity. ``GPREEMPT_GATE=0`` turns the gate off,
-    ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY`` override the two halves. Tasks of
-    mechanism ``auto`` (the default) and ``gate`` put stream barriers every 0.1 ms
-    (``GPREEMPT_GATE_BARRIER_MS``, 0 = none).
+    task detects its own GPU activity. ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY``
+    override the two halves. Tasks of mechanism ``auto`` (the default) and ``gate`` put stream
+    barriers every 0.1 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 = none); others none. Raises
+    ImportError where the gate cannot be had (no PyTorch).
     """
-    if current.gate is not None or not _flag(ENV_GATE, True):
-        return current.gate
-    try:
-        from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, install_gate, resolve_config
-    except ImportError:
-        return None
-    if current.mechanism not in ("gate", "auto"):
+    from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, resolve_config
+
+    if mechanism not in GATE_MECHANISMS:
         barrier_ms: float | None = 0.0
     elif os.environ.get(ENV_BARRIER_MS, "").strip():
         barrier_ms = None  # the environment's
     else:
         barrier_ms = RUN_BARRIER_MS
-    bound = _flag(ENV_GATE_BOUND, current.priority < NAMED["high"])
-    config = resolve_config(
+    bound = _flag(ENV_GATE_BOUND, priority < NAMED["high"])
+    return resolve_config(
         bound=bound,
         auto_activity=_flag(ENV_AUTO_ACTIVITY, True),
         idle_grace_ms=idle_grace_ms(bound),
         barrier_ms=barrier_ms,
     )
+
+
+def install_gate_for(current: session.Session) -> Any:
+    """Install the launch gate in this process for the session's task
+    (:func:`gate_config_for`), unless ``GPREEMPT_GATE=0`` or the gate cannot be had."""
+    if current.gate is not None or not _flag(ENV_GATE, True):
+        return current.gate
+    try:
+        from .gate import install_gate
+
+        config = gate_config_for(current.priority, current.mechanism)
+    except ImportError:
+        return None
     gate = install_gate(current.control, config)
     current.use_gate(gate)
     return gate
@@ -84,7 +98,7 @@ def start_barriers_for(current: session.Session) -> Any:
     ``GPREEMPT_GATE`` is not 0; returns them, or None."""
     if current.gate is not None or current.barriers is not None:
         return current.barriers
-    if not _flag(ENV_GATE, True) or current.mechanism not in ("gate", "auto"):
+    if not _flag(ENV_GATE, True) or current.mechanism not in GATE_MECHANISMS:
         return None
     if current.priority >= NAMED["high"]:
         return None  # nothing preempts it: nothing to hold
