@@ -6,6 +6,7 @@ import pytest
 
 from gpreempt.client import agent
 from gpreempt.client import gate as gate_mod
+from gpreempt.config import ENV_AUTO_ACTIVITY, ENV_GRACE_MS
 from gpreempt.priority import NAMED
 
 
@@ -50,7 +51,7 @@ def test_barriers_by_mechanism(monkeypatch, mechanism, env, expected) -> None:
 def test_the_gate_config_by_priority(monkeypatch) -> None:
     """A task that preempts gets an unbounded gate with no grace, one that may be preempted a
     bounded gate whose grace covers its loop's pauses; both notice their own activity."""
-    for name in (agent.ENV_GATE_BOUND, "GPREEMPT_AUTO_ACTIVITY", "GPREEMPT_IDLE_GRACE_MS"):
+    for name in (agent.ENV_GATE_BOUND, ENV_AUTO_ACTIVITY, ENV_GRACE_MS):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv(gate_mod.ENV_BARRIER_MS, raising=False)
     high = agent.gate_config_for(NAMED["high"], "auto")

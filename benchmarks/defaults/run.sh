@@ -7,8 +7,8 @@
 # light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
 # eager-grace (grace for the eager server without request()).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
-# (REPEATS; 1 for grace, GRACE_REPEATS (default 1) for eager-grace, GRACES choosing both's
-# graces; 6 for light6). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
+# (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
+# and light6-no-request). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
 # printed.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -65,9 +65,8 @@ for group in "$@"; do
           --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
     eager-grace) for grace in ${GRACES:-0 0.5 2}; do
-        reps=${GRACE_REPEATS:-1}
-        GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" $((100 + 100 * reps)) \
-          --repeats "$reps" --case-a eager --case-b transformer-sync --scenarios gpreempt-no-request
+        GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 300 --repeats 2 --case-a eager \
+          --case-b transformer-sync --scenarios gpreempt-no-request
       done ;;
     *) echo "unknown group $group"; exit 2 ;;
   esac

@@ -16,11 +16,14 @@ import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ENV_AUTO_ACTIVITY, ENV_GATE, ENV_TASK_ID, env_switch, idle_grace_ms
 from ..priority import NAMED
 from . import session
+
+if TYPE_CHECKING:
+    from .gate import GateConfig
 
 ENV_GATE_BOUND = "GPREEMPT_GATE_BOUND"
 
@@ -29,13 +32,18 @@ def _flag(name: str, default: bool) -> bool:
     return default if (value := env_switch(name)) is None else value
 
 
-#: The mechanisms that stop a task by closing its gate, so its queue is held by stream barriers.
-GATE_MECHANISMS = ("gate", "auto")
+def _closes_gate(mechanism: str) -> bool:
+    """Whether the daemon stops a task of this mechanism by closing its gate (``auto``,
+    ``gate``), so stream barriers hold its queue. Imported here, not at start-up: a command
+    that never imports PyTorch or CuPy does not pay for the mechanisms."""
+    from ..mechanisms import kind
+
+    return kind(mechanism).closes_gate
 
 
-def gate_config_for(priority: int, mechanism: str) -> Any:
-    """The launch gate's settings (a ``GateConfig``) for a task of this priority and mechanism,
-    as ``gpreempt run`` gives them: the same for the benchmarks that measure them.
+def gate_config_for(priority: int, mechanism: str) -> GateConfig:
+    """The launch gate's settings for a task of this priority and mechanism, as ``gpreempt
+    run`` gives them: the same for the benchmarks that measure them.
 
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
     task detects its own GPU activity. ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY``
@@ -45,7 +53,7 @@ def gate_config_for(priority: int, mechanism: str) -> Any:
     """
     from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, resolve_config
 
-    if mechanism not in GATE_MECHANISMS:
+    if not _closes_gate(mechanism):
         barrier_ms: float | None = 0.0
     elif os.environ.get(ENV_BARRIER_MS, "").strip():
         barrier_ms = None  # the environment's
@@ -98,7 +106,7 @@ def start_barriers_for(current: session.Session) -> Any:
     ``GPREEMPT_GATE`` is not 0; returns them, or None."""
     if current.gate is not None or current.barriers is not None:
         return current.barriers
-    if not _flag(ENV_GATE, True) or current.mechanism not in GATE_MECHANISMS:
+    if not _flag(ENV_GATE, True) or not _closes_gate(current.mechanism):
         return None
     if current.priority >= NAMED["high"]:
         return None  # nothing preempts it: nothing to hold
