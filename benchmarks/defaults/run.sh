@@ -5,11 +5,13 @@
 # task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
 # server), light, light6 and light6-no-request (light's two scenarios, 6 repeats), light3,
 # light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
-# eager-grace (grace for the eager server without request()).
+# eager-grace (grace for the eager server without request()), sleep-often (light and compiled
+# with the trainers' gates let sleep after SLEEP_AFTER s of idleness, default 0.01: nearly
+# every request then finds them asleep).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
-# printed.
+# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -26,12 +28,13 @@ cell() {  # name, timeout s, bench options...
   echo "$name rc=$?"
   mkdir -p "$OUT/$name"
   cp "$work/$name/results.json" "$work/$name/report.md" "$OUT/$name/" 2>/dev/null
+  python3 benchmarks/defaults/gate_counters.py "$work/$name" "$OUT/$name/gate_counters.json"
 }
 for group in "$@"; do
   case $group in
     overhead)
       timeout 300 python3 benchmarks/gate/measure_gate.py --out "$OUT/overhead" --rounds 4 \
-        --steps 30 --heavy-rounds 4 --heavy-steps 10 \
+        --steps 90 --heavy-rounds 4 --heavy-steps 20 \
         --phases overhead_defaults,overhead_defaults_sync,overhead_defaults_heavy \
         > "$OUT/overhead.txt" 2>&1
       echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt" ;;
@@ -63,6 +66,10 @@ for group in "$@"; do
     grace) for grace in ${GRACES:-0 0.2 1}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "grace-$grace" 300 --repeats 1 \
           --case-b transformer-sync --scenarios gpreempt-no-request
+      done ;;
+    sleep-often) for cb in transformer-sync transformer-compiled; do
+        cell "sleep-${SLEEP_AFTER:-0.01}-$cb" 420 --repeats "$REPEATS" --case-b "$cb" \
+          --scenarios gpreempt,gpreempt-no-request --serve-args="--sleep-after-s=${SLEEP_AFTER:-0.01}"
       done ;;
     eager-grace) for grace in ${GRACES:-0 0.5 2}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 300 --repeats 2 --case-a eager \

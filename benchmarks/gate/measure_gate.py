@@ -105,8 +105,9 @@ OVERHEAD_CONFIGS: dict[str, dict | None] = {
         "share_ms": 1.0,
     },
     # what `gpreempt run --priority low` gets with a more important task registered: barriers
-    # while that task was active in the last 2 s (as barriers_idle_server), and the gate asleep
-    # (its operator hook off) once it has been idle longer (the daemon's sleep_ok)
+    # from its operator hook while that task was active lately (as barriers_idle_server), and
+    # once it has been idle longer (the daemon's sleep_ok) the gate asleep, its operator hook
+    # off and its sleep thread putting the barriers
     "defaults_idle_server": {
         "bound": True,
         "auto_activity": True,
@@ -114,10 +115,23 @@ OVERHEAD_CONFIGS: dict[str, dict | None] = {
         "share_ms": 1.0,
         "sleep_ok": True,
     },
+    # the same asleep, without barriers: what the sleep thread's barriers cost
+    "asleep_no_barriers": {
+        "bound": True,
+        "auto_activity": True,
+        "share_ms": 1.0,
+        "sleep_ok": True,
+    },
 }
 
 #: The configurations of ``--phases overhead-defaults``: what the defaults cost a trainer.
-DEFAULTS_CONFIGS = ("none", "barriers_alone", "barriers_idle_server", "defaults_idle_server")
+DEFAULTS_CONFIGS = (
+    "none",
+    "barriers_alone",
+    "barriers_idle_server",
+    "defaults_idle_server",
+    "asleep_no_barriers",
+)
 
 HEAVY_CONFIGS = (
     "none",
@@ -468,7 +482,16 @@ def main() -> int:
         for name, ratio in overhead.get("ratio_to_none", {}).items():
             med = overhead["median_steps_per_s"][name]
             q1, q3 = overhead["ratio_quartiles"][name]
-            print(f"  {phase} {name:26s} {med:6.2f} steps/s ratio {ratio:.3f} [{q1:.3f}-{q3:.3f}]")
+            gate = overhead.get("gate_stats_last_round", {}).get(name, {})
+            asleep = (
+                f"  asleep barriers {gate['asleep_barriers']} backlog wakes {gate['backlog_wakes']}"
+                if gate.get("sleeps")
+                else ""
+            )
+            print(
+                f"  {phase} {name:26s} {med:6.2f} steps/s ratio {ratio:.3f} "
+                f"[{q1:.3f}-{q3:.3f}]{asleep}"
+            )
     drains = {f"{p}/{k}": v for p in ("drain", "drain_heavy") for k, v in result.get(p, {}).items()}
     for name, d in drains.items():
         if isinstance(d, dict) and "p50_ms" in d:

@@ -365,6 +365,74 @@ def test_stream_barriers_only_while_a_more_important_task_is_registered(control)
     assert stats["barriers_put"] > 0 and not stats["tight"], stats
 
 
+def _until(predicate, timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.001)
+    return predicate()
+
+
+def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behind(control):
+    """Asleep (its operator hook off), a gate whose task a more important one may preempt still
+    puts stream barriers from its sleep thread: work queued while asleep is held on the GPU the
+    moment a watched task becomes active. Work that takes the GPU longer than the barriers'
+    bound wakes the gate (backlog_wakes), which stays awake while the daemon still allows sleep."""
+    high = ControlBlock.create()
+    high.keep_mapped()
+    try:
+        control.set_window_share(1.0)
+        gate = install_gate(
+            control, resolve_config(bound=True, auto_activity=False, barrier_ms=0.05)
+        )
+        gate.watch([high.address], 1)
+        _matmuls(20)
+        torch.cuda.synchronize()
+        control.set_sleep_ok(True)
+        assert _until(lambda: gate.stats()["asleep"])
+        # a process whose GPU keeps up: asleep, barriers put by the thread, no operator seen
+        a = torch.randn(256, 256, device="cuda")
+        launches = gate.stats()["launches"]
+        for _ in range(40):
+            a = torch.tanh(a @ a * 1e-3)
+            time.sleep(0.001)
+        torch.cuda.synchronize()
+        stats = gate.stats()
+        assert stats["asleep"] and stats["launches"] == launches, stats
+        assert stats["asleep_barriers"] > 0 and stats["backlog_wakes"] == 0, stats
+        # work queued while asleep is held at the thread's next barrier behind it the moment a
+        # watched task becomes active
+        out = _matmuls(12, size=4096)
+        time.sleep(0.005)  # the thread puts barriers behind it
+        high.set_requests(1)  # while the GPU is still on that work
+        done = torch.cuda.Event()
+        done.record()  # not an operator: nothing the woken hook could put a barrier before
+        ender = threading.Timer(0.4, high.set_requests, (0,))
+        began = time.monotonic()
+        ender.start()
+        done.synchronize()
+        held = time.monotonic() - began
+        ender.join()
+        assert held >= 0.3, "the GPU ran work queued while asleep through a watched task's request"
+        assert torch.isfinite(out).all()
+        assert gate.stats()["backlog_wakes"] == 0
+        # work that takes the GPU longer than the barriers' bound: the gate wakes and stays awake
+        assert _until(lambda: gate.stats()["asleep"])
+        out = _matmuls(40, size=4096)
+        assert _until(lambda: gate.stats()["backlog_wakes"] >= 1, 1.0), gate.stats()
+        torch.cuda.synchronize()
+        time.sleep(0.05)
+        stats = gate.stats()
+        assert not stats["asleep"], "woken for a backlog, the gate went back to sleep at once"
+        assert stats["error"] is None, stats["error"]
+    finally:
+        current = gate_mod.current_gate()
+        if current is not None:
+            current.uninstall()
+        high.close()
+
+
 def test_warm_launches_outside_a_capture_and_leaves_a_capture_alone(control, monkeypatch):
     """Entering a request warms the GPU with a no-op kernel on the current stream; inside a
     CUDA graph capture it launches nothing (the kernel would join the graph)."""

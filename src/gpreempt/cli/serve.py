@@ -94,8 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="S",
         help="(policy hpf) once every more important task on its GPU has been idle this long, "
         "a gated task's gate sleeps: its per-operator hook is off and costs nothing, until one "
-        "starts again. What the task queues while its gate sleeps is not bounded, so the first "
-        f"request after such a pause waits for it (default {DEFAULT_SLEEP_AFTER_S:g}; 0 = never)",
+        "starts again; meanwhile a thread of the gate puts its stream barriers, and a task that "
+        "queues more than its GPU runs stays awake "
+        f"(default {DEFAULT_SLEEP_AFTER_S:g}; 0 = never)",
     )
     parser.add_argument(
         "--no-watch",

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from .snapshot import Snapshot
 
-#: How long every more important task must have been idle before a gate may sleep (s). What a
-#: task queues while its gate sleeps is not bounded (a compiled or non-synchronising trainer
-#: runs far ahead), and the first request after the pause waits for it: so only a server idle
-#: for long (at night, between deployments) lets the trainers' gates sleep, never one between
-#: the requests of ordinary traffic or the warm-up of its peers.
-DEFAULT_SLEEP_AFTER_S = 30.0
+#: How long every more important task must have been idle before a gate may sleep (s). An
+#: asleep gate with stream barriers still holds its queue (its sleep thread puts them, and it
+#: wakes if its process queues more than its GPU runs), so the pause only has to outlast the
+#: gaps between the requests of ordinary traffic, where waking would cost the first operator
+#: of each request a poll of the sleep thread.
+DEFAULT_SLEEP_AFTER_S = 1.0
 
 
 def sleepers(

@@ -111,6 +111,13 @@ constexpr size_t kOffBarriersOn = 60;
 // a more important task starts runs unbounded until then), rarely while awake.
 constexpr int64_t kAsleepPollNs = 200 * 1000;
 constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
+// Asleep with stream barriers (see asleep_barrier): a barrier every this much wall time on the
+// stream the process last launched on. The gate wakes, and stays awake kBacklogHoldNs, once
+// the GPU took longer than kAsleepMaxSpanMs to run the work between two of them (so much would
+// a starting request wait for).
+constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
+constexpr double kAsleepMaxSpanMs = 2.0;
+constexpr int64_t kBacklogHoldNs = 10LL * 1000 * 1000 * 1000;
 
 // The control blocks of the tasks that outrank this one, mapped read-only (set by the session
 // from the daemon's watch list). A list is never changed once published.
@@ -319,6 +326,11 @@ struct GateState {
   std::atomic<bool> asleep{false};
   std::atomic<uint64_t> sleeps{0};
   std::thread sleeper;
+  // asleep with barriers: barriers the sleep thread put, wakes because the GPU fell behind,
+  // and until when the gate stays awake after one
+  std::atomic<uint64_t> asleep_barriers{0};
+  std::atomic<uint64_t> backlog_wakes{0};
+  std::atomic<int64_t> awake_until_ns{std::numeric_limits<int64_t>::min()};
 
   std::mutex mu;  // guards everything below, and all event calls
   std::deque<Pending> fifo;
@@ -333,6 +345,14 @@ struct GateState {
   std::atomic<pthread_t> sample_thread{};  // the thread that launches the operator being timed
   std::deque<Sample> samples;  // timings waiting for their `after` event
   std::vector<KnownStream> streams;
+  // the stream of the last segment (the one the process last launched on, as far as the gate
+  // saw), the events behind the barriers the sleep thread put on it, oldest first (`mark`: when
+  // each was recorded, steady clock ns), and the last one the GPU reached
+  c10::Stream last_stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  std::deque<Pending> asleep_marks;
+  Pending asleep_reached{nullptr, 0, 0, 0, 0,
+                         c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)), false};
+  int64_t next_asleep_barrier_ns = 0;
   std::string error;
   std::unordered_map<uintptr_t, uint64_t> device_pages;  // host page -> its device address
 
@@ -793,6 +813,7 @@ void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force)
       return;
     }
     remember_stream(g, stream);
+    g->last_stream = stream;
     if (!g->cfg.bound) {
       return;
     }
@@ -1073,23 +1094,68 @@ void put_hip_waits(GateState* g, const HipApi* hip, void* stream) {
   }
 }
 
-// The HIP half of put_barrier (mu held, barriers due and holding).
-void put_hip_barrier(GateState* g) {
-  const HipApi* hip = hip_api();
-  if (hip == nullptr) {
-    throw std::runtime_error("the HIP runtime offers no hipStreamWaitValue32");
-  }
-  const c10::Stream stream = g->impl->getStream(g->impl->getDevice());
+// Queues one barrier's waits on `stream` (mu held): the GPU goes past it only while the gate
+// is not plainly closed (bit 0 of gate_closed) and no watched task is active. False if the
+// stream is being captured (a barrier inside a graph would wait at every replay). Throws if
+// the driver refuses.
+bool put_waits(GateState* g, const c10::Stream& stream) {
   if (stream_capturing(g->impl, stream)) {
-    return;
+    return false;
   }
-  put_hip_waits(g, hip, stream.native_handle());
+  if (g->hip) {
+    const HipApi* hip = hip_api();
+    if (hip == nullptr) {
+      throw std::runtime_error("the HIP runtime offers no hipStreamWaitValue32");
+    }
+    put_hip_waits(g, hip, stream.native_handle());
+    g->barriers_put.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  const CuApi* cu = cu_api();
+  if (cu == nullptr) {
+    throw std::runtime_error("the CUDA driver offers no stream memory operations");
+  }
+  const BorrowedContext context(cu, stream.device_index());
+  void* handle = stream.native_handle();
+  auto wait = [&](CuDevicePtr address, uint32_t value, unsigned how) {
+    const CuResult r = cu->wait32(handle, address, value, how);
+    if (r != 0) {
+      throw std::runtime_error("cuStreamWaitValue32 failed (driver error " + std::to_string(r) +
+                               ")");
+    }
+  };
+  // The GPU goes past a closed-while-watched word (2V) only where the CPU would: on a
+  // complete list, whose tasks the waits below watch. On an incomplete one it waits for the
+  // daemon to open the gate (0), like the CPU. (A barrier put on list V still lets a word 2V'
+  // of a newer list through: until the next barrier, the new list's tasks are not waited for.)
+  const WatchList* list = g->watch.load(std::memory_order_acquire);
+  const uint8_t* own = g->ctl + kOffGateClosed;
+  if (list != nullptr && list->version != 0) {
+    wait(device_word(g, cu, own, false), ~kClosed, kWaitNor);
+  } else {
+    wait(device_word(g, cu, own, false), 0, kWaitEq);
+  }
+  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
+    const uint8_t* b = list->blocks[i];
+    wait(device_word(g, cu, b + kOffRequests, true), 0, kWaitEq);
+    if (load32(b, kOffHinted) == 0) {  // its automatic activity counts too (wants_gpu)
+      wait(device_word(g, cu, b + kOffAutoActive, true), 0, kWaitEq);
+    }
+  }
   g->barriers_put.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
-// Puts a barrier on the current stream: the GPU goes past it only while the gate is not plainly
-// closed (bit 0 of gate_closed) and no watched task is active. A failure turns barriers off for
-// good, and the CPU stops for watched tasks again.
+// A barrier could not be put (mu held): barriers are off for good, the daemon sees it
+// (barriers_on) and the CPU stops for watched tasks again.
+void barriers_failed(GateState* g, const std::exception& e) {
+  g->barriers.store(false);
+  store32(g->ctl, kOffBarriersOn, 0);
+  g->next_barrier_work.store(std::numeric_limits<uint64_t>::max());
+  g->error = std::string("barrier: ") + e.what();  // events still work: not failed
+}
+
+// Puts a barrier on the current stream every `barrier_ns` of estimated work.
 void put_barrier(GateState* g, uint64_t work) {
   if (!barriers_hold(g)) {
     // off (the mark then stays at its maximum), or nobody more important is registered on this
@@ -1114,52 +1180,9 @@ void put_barrier(GateState* g, uint64_t work) {
     return;
   }
   try {
-    if (g->hip) {
-      put_hip_barrier(g);
-      return;
-    }
-    const CuApi* cu = cu_api();
-    if (cu == nullptr) {
-      throw std::runtime_error("the CUDA driver offers no stream memory operations");
-    }
-    const c10::Device device = g->impl->getDevice();
-    const c10::Stream stream = g->impl->getStream(device);
-    if (stream_capturing(g->impl, stream)) {
-      return;
-    }
-    const BorrowedContext context(cu, device.index());
-    void* handle = stream.native_handle();
-    auto wait = [&](CuDevicePtr address, uint32_t value, unsigned how) {
-      const CuResult r = cu->wait32(handle, address, value, how);
-      if (r != 0) {
-        throw std::runtime_error("cuStreamWaitValue32 failed (driver error " + std::to_string(r) +
-                                 ")");
-      }
-    };
-    // The GPU goes past a closed-while-watched word (2V) only where the CPU would: on a
-    // complete list, whose tasks the waits below watch. On an incomplete one it waits for the
-    // daemon to open the gate (0), like the CPU. (A barrier put on list V still lets a word 2V'
-    // of a newer list through: until the next barrier, the new list's tasks are not waited for.)
-    const WatchList* list = g->watch.load(std::memory_order_acquire);
-    const uint8_t* own = g->ctl + kOffGateClosed;
-    if (list != nullptr && list->version != 0) {
-      wait(device_word(g, cu, own, false), ~kClosed, kWaitNor);
-    } else {
-      wait(device_word(g, cu, own, false), 0, kWaitEq);
-    }
-    for (size_t i = 0; list != nullptr && i < list->n; ++i) {
-      const uint8_t* b = list->blocks[i];
-      wait(device_word(g, cu, b + kOffRequests, true), 0, kWaitEq);
-      if (load32(b, kOffHinted) == 0) {  // its automatic activity counts too (wants_gpu)
-        wait(device_word(g, cu, b + kOffAutoActive, true), 0, kWaitEq);
-      }
-    }
-    g->barriers_put.fetch_add(1, std::memory_order_relaxed);
+    put_waits(g, g->impl->getStream(g->impl->getDevice()));
   } catch (const std::exception& e) {
-    g->barriers.store(false);
-    store32(g->ctl, kOffBarriersOn, 0);
-    g->next_barrier_work.store(std::numeric_limits<uint64_t>::max());
-    g->error = std::string("barrier: ") + e.what();  // events still work: not failed
+    barriers_failed(g, e);
   }
 }
 
@@ -1316,8 +1339,16 @@ void activity_loop(GateState* g) {
 // the daemon says when none has been active for a while (sleep_ok, with nobody below this task
 // and no peer taking turns with it), and then, as long as nobody closes the gate and no watched
 // task is active, the callback is disabled. It comes back the moment any of that changes; the
-// first launch after waking puts a stream barrier. What the process queued while asleep is not
-// bounded: that is the price of the first request after a long idle time.
+// first launch after waking puts a stream barrier.
+//
+// While asleep with stream barriers, the sleep thread puts them instead of the operators: one
+// every kAsleepBarrierNs on the stream the process last launched on. So the GPU still stops
+// this process's work the moment a more important task starts, within what it launched in that
+// spacing, though nobody sees its operators. That holds for a process whose GPU keeps up with
+// its CPU, the one the callback costs most; one that queues faster than its GPU runs leaves
+// more work between two of them (the GPU took longer than kAsleepMaxSpanMs to run it), so its
+// gate wakes and stays awake kBacklogHoldNs, its operators bounding the queue again.
+// Without barriers, what the process queues while asleep is not bounded.
 bool may_sleep(GateState* g) {
   // a gate that detects its process's activity for others keeps its hook, unless the process
   // says when it is active with request() (hinted): then its launches no longer count
@@ -1327,31 +1358,124 @@ bool may_sleep(GateState* g) {
          load32(g->ctl, kOffGateClosed) == 0 &&
          !watched_active(g->watch.load(std::memory_order_acquire)) &&
          g->captures.load(std::memory_order_relaxed) == 0 &&
-         !g_task_gates.load(std::memory_order_relaxed);
+         !g_task_gates.load(std::memory_order_relaxed) &&
+         now_ns() >= g->awake_until_ns.load(std::memory_order_relaxed);
+}
+
+// Gives back the events behind the barriers put while asleep: all of them, or those the GPU
+// has reached. Returns the most GPU time the work between two consecutive ones it reached took
+// (ms): their distance on the GPU, less the time between their records if the GPU had reached
+// the first before the second was recorded (it may have idled that long); +inf without timing.
+double retire_asleep_marks(GateState* g, bool all) {
+  double longest = 0.0;
+  while (!g->asleep_marks.empty() &&
+         (all || g->impl->queryEvent(g->asleep_marks.front().event))) {
+    const Pending mark = g->asleep_marks.front();
+    g->asleep_marks.pop_front();
+    const c10::DeviceIndex device = mark.stream.device_index();
+    if (!all && g->asleep_reached.event != nullptr) {
+      const Pending& before = g->asleep_reached;
+      double ms = elapsed_ms(g->impl, before.event, mark.event, device);
+      if (ms < 0.0) {
+        ms = std::numeric_limits<double>::infinity();  // cannot tell: assume the worst
+      } else if (!mark.backlogged) {
+        ms -= static_cast<double>(mark.mark - before.mark) / 1e6;
+      }
+      longest = std::max(longest, ms);
+    }
+    give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
+    g->asleep_reached.event = nullptr;
+    if (all) {
+      give_event(g, mark.event, device);
+    } else {
+      g->asleep_reached = mark;
+    }
+  }
+  if (all) {
+    give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
+    g->asleep_reached.event = nullptr;
+  }
+  return longest;
+}
+
+// The sleep thread's barrier, while asleep: one every kAsleepBarrierNs on the stream the
+// process last launched on, with an event behind it. Returns false when the barriers no longer
+// bound what a starting request would wait for: the gate must wake. `device_set`: the thread's
+// device.
+bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
+  if (!barriers_hold(g)) {
+    return true;  // off, or nobody more important is registered on this GPU
+  }
+  std::lock_guard<std::mutex> lock(g->mu);
+  if (now < g->next_asleep_barrier_ns || !device_usable(g)) {
+    return true;
+  }
+  g->next_asleep_barrier_ns = now + kAsleepBarrierNs;
+  try {
+    // a gate that fell asleep before any launch of its process holds the default stream of the
+    // current device, where an unconfigured process launches
+    const c10::Stream stream = g->last_stream.device_type() != c10::kCPU
+                                   ? g->last_stream
+                                   : g->impl->getDefaultStream(g->impl->getDevice());
+    if (!device_set) {
+      // so that restoring "the previous device" after a record never touches device 0
+      g->impl->setDevice(stream.device());
+      device_set = true;
+    }
+    if (!put_waits(g, stream)) {
+      return true;
+    }
+    g->asleep_barriers.fetch_add(1, std::memory_order_relaxed);
+    void* ev = take_event(g, stream.device_index());
+    g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
+    const bool backlogged =
+        !g->asleep_marks.empty() && !g->impl->queryEvent(g->asleep_marks.back().event);
+    g->asleep_marks.push_back(
+        Pending{ev, 0, static_cast<uint64_t>(now_ns()), 0, 0, stream, backlogged});
+    return retire_asleep_marks(g, false) <= kAsleepMaxSpanMs;
+  } catch (const std::exception& e) {
+    barriers_failed(g, e);
+    return true;
+  }
+}
+
+void wake(GateState* g, at::CallbackHandle handle) {
+  if (g->barriers.load()) {
+    g->next_barrier_work.store(g->work_ns.load());  // a barrier at the first launch
+  }
+  at::reenableCallback(handle);
+  g->asleep.store(false);
+  std::lock_guard<std::mutex> lock(g->mu);
+  retire_asleep_marks(g, true);
 }
 
 void sleep_loop(GateState* g, at::CallbackHandle handle) {
+  bool device_set = false;
   while (!g->uninstalled.load()) {
     const bool asleep = g->asleep.load();
     sleep_ns(asleep ? kAsleepPollNs : kAwakePollNs);
     if (g->uninstalled.load()) {
       break;
     }
-    const bool can = may_sleep(g);
-    if (asleep && !can) {
-      if (g->barriers.load()) {
-        g->next_barrier_work.store(g->work_ns.load());  // a barrier at the first launch
+    bool can = may_sleep(g);
+    if (asleep && can) {
+      const int64_t now = now_ns();
+      if (!asleep_barrier(g, now, device_set)) {
+        g->backlog_wakes.fetch_add(1);
+        g->awake_until_ns.store(now + kBacklogHoldNs);
+        can = false;
       }
-      at::reenableCallback(handle);
-      g->asleep.store(false);
+    }
+    if (asleep && !can) {
+      wake(g, handle);
     } else if (!asleep && can) {
       at::disableCallback(handle);
       g->asleep.store(true);
       g->sleeps.fetch_add(1);
     }
   }
-  if (g->asleep.exchange(false)) {
-    at::reenableCallback(handle);
+  if (g->asleep.load()) {
+    wake(g, handle);
   }
 }
 
@@ -1543,6 +1667,8 @@ py::dict stats() {
   d["barriers_put"] = g->barriers_put.load();
   d["asleep"] = g->asleep.load();
   d["sleeps"] = g->sleeps.load();
+  d["asleep_barriers"] = g->asleep_barriers.load();
+  d["backlog_wakes"] = g->backlog_wakes.load();
   const WatchList* list = g->watch.load(std::memory_order_acquire);
   d["watched"] = list != nullptr ? list->n : 0;
   d["watch_version"] = list != nullptr ? list->version : 0;
