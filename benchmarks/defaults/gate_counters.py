@@ -19,6 +19,8 @@ COUNTERS = (
     "sleeps",
     "asleep_barriers",
     "backlog_wakes",
+    "asleep_drain_ms",
+    "asleep_longest_span_ms",
     "barriers_put",
     "waits",
     "wait_seconds",

@@ -485,6 +485,7 @@ def main() -> int:
             gate = overhead.get("gate_stats_last_round", {}).get(name, {})
             asleep = (
                 f"  asleep barriers {gate['asleep_barriers']} backlog wakes {gate['backlog_wakes']}"
+                f" longest span {gate['asleep_longest_span_ms']:.2f} ms"
                 if gate.get("sleeps")
                 else ""
             )

@@ -112,11 +112,13 @@ constexpr size_t kOffBarriersOn = 60;
 constexpr int64_t kAsleepPollNs = 200 * 1000;
 constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
 // Asleep with stream barriers (see asleep_barrier): a barrier every this much wall time on the
-// stream the process last launched on. The gate wakes, and stays awake kBacklogHoldNs, once
-// the GPU took longer than kAsleepMaxSpanMs to run the work between two of them (so much would
-// a starting request wait for).
+// stream the process last launched on. The gate wakes, and stays awake kBacklogHoldNs, once a
+// request starting now would wait longer than kAsleepMaxDrainMs on average for the work ahead of
+// the next barrier: the GPU time between two barriers, weighted by itself (a request is more
+// likely to arrive during a long span) over the last kAsleepDrainSpans or so.
 constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
-constexpr double kAsleepMaxSpanMs = 2.0;
+constexpr double kAsleepMaxDrainMs = 2.0;
+constexpr double kAsleepDrainSpans = 50.0;
 constexpr int64_t kBacklogHoldNs = 10LL * 1000 * 1000 * 1000;
 
 // The control blocks of the tasks that outrank this one, mapped read-only (set by the session
@@ -330,6 +332,8 @@ struct GateState {
   // and until when the gate stays awake after one
   std::atomic<uint64_t> asleep_barriers{0};
   std::atomic<uint64_t> backlog_wakes{0};
+  std::atomic<double> asleep_drain_ms{0.0};    // the last estimate (see kAsleepMaxDrainMs)
+  std::atomic<double> asleep_longest_ms{0.0};  // the longest span seen
   std::atomic<int64_t> awake_until_ns{std::numeric_limits<int64_t>::min()};
 
   std::mutex mu;  // guards everything below, and all event calls
@@ -352,6 +356,8 @@ struct GateState {
   std::deque<Pending> asleep_marks;
   Pending asleep_reached{nullptr, 0, 0, 0, 0,
                          c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)), false};
+  double span_sum = 0.0;     // decaying sums of the spans' GPU times (ms) and their squares
+  double span_square = 0.0;
   int64_t next_asleep_barrier_ns = 0;
   std::string error;
   std::unordered_map<uintptr_t, uint64_t> device_pages;  // host page -> its device address
@@ -1346,7 +1352,7 @@ void activity_loop(GateState* g) {
 // this process's work the moment a more important task starts, within what it launched in that
 // spacing, though nobody sees its operators. That holds for a process whose GPU keeps up with
 // its CPU, the one the callback costs most; one that queues faster than its GPU runs leaves
-// more work between two of them (the GPU took longer than kAsleepMaxSpanMs to run it), so its
+// more work between two of them (a request would wait longer than kAsleepMaxDrainMs), so its
 // gate wakes and stays awake kBacklogHoldNs, its operators bounding the queue again.
 // Without barriers, what the process queues while asleep is not bounded.
 bool may_sleep(GateState* g) {
@@ -1362,12 +1368,11 @@ bool may_sleep(GateState* g) {
          now_ns() >= g->awake_until_ns.load(std::memory_order_relaxed);
 }
 
-// Gives back the events behind the barriers put while asleep: all of them, or those the GPU
-// has reached. Returns the most GPU time the work between two consecutive ones it reached took
-// (ms): their distance on the GPU, less the time between their records if the GPU had reached
-// the first before the second was recorded (it may have idled that long); +inf without timing.
-double retire_asleep_marks(GateState* g, bool all) {
-  double longest = 0.0;
+// Gives back the events behind the barriers put while asleep: all of them (forgetting the
+// spans), or those the GPU has reached, adding the GPU time of the work between each and the one
+// before to the spans: their distance on the GPU, less the time between their records if the GPU
+// had reached the first before the second was recorded (it may have idled that long).
+void retire_asleep_marks(GateState* g, bool all) {
   while (!g->asleep_marks.empty() &&
          (all || g->impl->queryEvent(g->asleep_marks.front().event))) {
     const Pending mark = g->asleep_marks.front();
@@ -1379,9 +1384,14 @@ double retire_asleep_marks(GateState* g, bool all) {
       if (ms < 0.0) {
         ms = std::numeric_limits<double>::infinity();  // cannot tell: assume the worst
       } else if (!mark.backlogged) {
-        ms -= static_cast<double>(mark.mark - before.mark) / 1e6;
+        ms = std::max(0.0, ms - static_cast<double>(mark.mark - before.mark) / 1e6);
       }
-      longest = std::max(longest, ms);
+      const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
+      g->span_sum = g->span_sum * keep + ms;
+      g->span_square = g->span_square * keep + ms * ms;
+      if (ms > g->asleep_longest_ms.load(std::memory_order_relaxed)) {
+        g->asleep_longest_ms.store(ms, std::memory_order_relaxed);
+      }
     }
     give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
     g->asleep_reached.event = nullptr;
@@ -1394,8 +1404,15 @@ double retire_asleep_marks(GateState* g, bool all) {
   if (all) {
     give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
     g->asleep_reached.event = nullptr;
+    g->span_sum = 0.0;
+    g->span_square = 0.0;
   }
-  return longest;
+}
+
+// What a request starting now would wait for on average (ms): the spans' GPU times weighted by
+// themselves (mu held).
+double asleep_drain_ms(const GateState* g) {
+  return g->span_sum > 0.0 ? g->span_square / g->span_sum : 0.0;
 }
 
 // The sleep thread's barrier, while asleep: one every kAsleepBarrierNs on the stream the
@@ -1432,7 +1449,10 @@ bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
         !g->asleep_marks.empty() && !g->impl->queryEvent(g->asleep_marks.back().event);
     g->asleep_marks.push_back(
         Pending{ev, 0, static_cast<uint64_t>(now_ns()), 0, 0, stream, backlogged});
-    return retire_asleep_marks(g, false) <= kAsleepMaxSpanMs;
+    retire_asleep_marks(g, false);
+    const double drain = asleep_drain_ms(g);
+    g->asleep_drain_ms.store(drain, std::memory_order_relaxed);
+    return !(drain > kAsleepMaxDrainMs);
   } catch (const std::exception& e) {
     barriers_failed(g, e);
     return true;
@@ -1669,6 +1689,8 @@ py::dict stats() {
   d["sleeps"] = g->sleeps.load();
   d["asleep_barriers"] = g->asleep_barriers.load();
   d["backlog_wakes"] = g->backlog_wakes.load();
+  d["asleep_drain_ms"] = g->asleep_drain_ms.load();
+  d["asleep_longest_span_ms"] = g->asleep_longest_ms.load();
   const WatchList* list = g->watch.load(std::memory_order_acquire);
   d["watched"] = list != nullptr ? list->n : 0;
   d["watch_version"] = list != nullptr ? list->version : 0;
