@@ -48,10 +48,13 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
     server = spawn(runtime_dir, *high, str(runtime_dir), str(go), str(inside))
     counter = Counter(progress)
 
-    def launches() -> int:
+    def gate() -> dict:
         reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
         task = next(t for t in reply["tasks"] if t["name"] == "trainer")
-        return (task.get("gate") or {}).get("launches", 0)
+        return task.get("gate") or {}
+
+    def launches() -> int:
+        return gate().get("launches", 0)
 
     try:
         assert wait_for(lambda: counter.value() > 0 and launches() > 0, 120)
@@ -63,8 +66,10 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
             return launches() == before and counter.value() > progressed
 
         assert wait_for(asleep, 20, interval=0.1), "the trainer's gate never slept"
+        assert gate()["sleep_ok"]  # status says so
         go.touch()
         assert wait_for(inside.exists, 20)
+        assert wait_for(lambda: not gate()["sleep_ok"], 5)
         time.sleep(0.2)
         assert counter.progress_over(0.5) == 0, "a sleeping gate let the trainer run on"
         assert wait_for(lambda: not inside.exists(), 10)

@@ -5,7 +5,8 @@
 Reads ``runs/r<repeat>/<scenario>/case-b-<i>.json`` under BENCH_OUT_DIR (what each training
 process wrote as it stopped) and keeps, per scenario and repeat, the counters that say how its
 gate spent the window: how often it slept, the barriers its sleep thread put, how often it woke
-because its GPU fell behind, the barriers its operator hook put and its waits.
+because its GPU fell behind its barriers, all the barriers it put (the asleep ones
+included) and its waits.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import toggling
+from conftest import toggling, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -365,15 +365,6 @@ def test_stream_barriers_only_while_a_more_important_task_is_registered(control)
     assert stats["barriers_put"] > 0 and not stats["tight"], stats
 
 
-def _until(predicate, timeout_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return predicate()
-
-
 def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behind(control):
     """Asleep (its operator hook off), a gate whose task a more important one may preempt still
     puts stream barriers from its sleep thread: work queued while asleep is held on the GPU the
@@ -390,7 +381,7 @@ def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behin
         _matmuls(20)
         torch.cuda.synchronize()
         control.set_sleep_ok(True)
-        assert _until(lambda: gate.stats()["asleep"])
+        assert wait_for(lambda: gate.stats()["asleep"], 2.0, 0.001)
         # a process whose GPU keeps up: asleep, barriers put by the thread, no operator seen
         a = torch.randn(256, 256, device="cuda")
         launches = gate.stats()["launches"]
@@ -418,9 +409,9 @@ def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behin
         assert torch.isfinite(out).all()
         assert gate.stats()["backlog_wakes"] == 0
         # work that takes the GPU longer than the barriers' bound: the gate wakes and stays awake
-        assert _until(lambda: gate.stats()["asleep"])
+        assert wait_for(lambda: gate.stats()["asleep"], 2.0, 0.001)
         out = _matmuls(40, size=4096)
-        assert _until(lambda: gate.stats()["backlog_wakes"] >= 1, 1.0), gate.stats()
+        assert wait_for(lambda: gate.stats()["backlog_wakes"] >= 1, 1.0, 0.001), gate.stats()
         torch.cuda.synchronize()
         time.sleep(0.05)
         stats = gate.stats()

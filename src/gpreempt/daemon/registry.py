@@ -191,6 +191,10 @@ class Task:
                 "wait_seconds": round(stats.wait_seconds, 6),
                 "window": stats.window,
                 "requests": stats.requests,
+                # stream barriers hold its queue; the daemon lets it sleep (hook off, its
+                # barriers put by a thread of the gate)
+                "barriers": self.barriers_on,
+                "sleep_ok": self.sleep_ok,
             }
         return {
             "task_id": self.task_id,
