@@ -40,6 +40,9 @@ def test_a_config_with_k_set_derives_its_launch_counts(monkeypatch) -> None:
         ("barrier_ms", float("inf"), "barrier_ms must be a finite"),
         ("window_ms", -1.0, "must be >= 0"),
         ("poll_us", 0.0, "poll_us must be > 0"),
+        ("asleep_barrier_ms", 0.0, "asleep_barrier_ms must be a finite number > 0"),
+        ("asleep_max_drain_ms", float("nan"), "asleep_max_drain_ms must be a finite"),
+        ("backlog_hold_s", -1.0, "backlog_hold_s must be a finite number > 0"),
     ],
 )
 def test_a_bad_value_is_refused_with_its_name(field, value, message) -> None:

@@ -107,19 +107,14 @@ constexpr size_t kOffWindowShareUs = 52;
 constexpr size_t kOffSleepOk = 56;
 constexpr size_t kOffBarriersOn = 60;
 
-// How often the sleep thread looks at the words: often while asleep (the first operator after
-// a more important task starts runs unbounded until then), rarely while awake.
+// How often the sleep thread looks at the words: often while asleep (until it wakes, what the
+// process launches after a more important task starts is held only by the thread's barriers,
+// or not at all without barriers), rarely while awake.
 constexpr int64_t kAsleepPollNs = 200 * 1000;
 constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
-// Asleep with stream barriers (see asleep_barrier): a barrier every this much wall time on the
-// stream the process last launched on. The gate wakes, and stays awake kBacklogHoldNs, once a
-// request starting now would wait longer than kAsleepMaxDrainMs on average for the work ahead of
-// the next barrier: the GPU time between two barriers, weighted by itself (a request is more
-// likely to arrive during a long span) over the last kAsleepDrainSpans or so.
-constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
-constexpr double kAsleepMaxDrainMs = 2.0;
+// Asleep with stream barriers (see asleep_barrier): the expected wait of a starting request
+// is taken over about this many of the last spans between two barriers.
 constexpr double kAsleepDrainSpans = 50.0;
-constexpr int64_t kBacklogHoldNs = 10LL * 1000 * 1000 * 1000;
 
 // The control blocks of the tasks that outrank this one, mapped read-only (set by the session
 // from the daemon's watch list). A list is never changed once published.
@@ -235,6 +230,9 @@ struct Config {
   double idle_grace_ms;           // quiet time before auto_active drops back to 0
   double poll_us;                 // sleep per poll of a closed gate
   bool op_costs;                  // count each operator at its own timed cost
+  double asleep_barrier_ms;       // asleep: wall time between two barriers of the sleep thread
+  double asleep_max_drain_ms;     // ... the expected wait of a starting request that wakes it
+  double backlog_hold_s;          // ... how long it then stays awake
 };
 
 // The learned GPU time of one operator (by name). The table is filled as names are first seen
@@ -332,7 +330,7 @@ struct GateState {
   // and until when the gate stays awake after one
   std::atomic<uint64_t> asleep_barriers{0};
   std::atomic<uint64_t> backlog_wakes{0};
-  std::atomic<double> asleep_drain_ms{0.0};    // the last estimate (see kAsleepMaxDrainMs)
+  std::atomic<double> asleep_drain_ms{0.0};    // the last estimate (see asleep_barrier)
   std::atomic<double> asleep_longest_ms{0.0};  // the longest span seen
   std::atomic<int64_t> awake_until_ns{std::numeric_limits<int64_t>::min()};
 
@@ -1348,12 +1346,14 @@ void activity_loop(GateState* g) {
 // first launch after waking puts a stream barrier.
 //
 // While asleep with stream barriers, the sleep thread puts them instead of the operators: one
-// every kAsleepBarrierNs on the stream the process last launched on. So the GPU still stops
+// every asleep_barrier_ms on the stream the process last launched on. So the GPU still stops
 // this process's work the moment a more important task starts, within what it launched in that
 // spacing, though nobody sees its operators. That holds for a process whose GPU keeps up with
 // its CPU, the one the callback costs most; one that queues faster than its GPU runs leaves
-// more work between two of them (a request would wait longer than kAsleepMaxDrainMs), so its
-// gate wakes and stays awake kBacklogHoldNs, its operators bounding the queue again.
+// more work between two of them (a request would wait longer than asleep_max_drain_ms on
+// average for the work ahead of the next barrier: the spans between two barriers weighted by
+// themselves, since a request more likely arrives during a long one), so its gate wakes and
+// stays awake backlog_hold_s, its operators bounding the queue again.
 // Without barriers, what the process queues while asleep is not bounded.
 bool may_sleep(GateState* g) {
   // a gate that detects its process's activity for others keeps its hook, unless the process
@@ -1415,7 +1415,7 @@ double asleep_drain_ms(const GateState* g) {
   return g->span_sum > 0.0 ? g->span_square / g->span_sum : 0.0;
 }
 
-// The sleep thread's barrier, while asleep: one every kAsleepBarrierNs on the stream the
+// The sleep thread's barrier, while asleep: one every asleep_barrier_ms on the stream the
 // process last launched on, with an event behind it. Returns false when the barriers no longer
 // bound what a starting request would wait for: the gate must wake. `device_set`: the thread's
 // device.
@@ -1427,7 +1427,7 @@ bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
   if (now < g->next_asleep_barrier_ns || !device_usable(g)) {
     return true;
   }
-  g->next_asleep_barrier_ns = now + kAsleepBarrierNs;
+  g->next_asleep_barrier_ns = now + static_cast<int64_t>(g->cfg.asleep_barrier_ms * 1e6);
   try {
     // a gate that fell asleep before any launch of its process holds the default stream of the
     // current device, where an unconfigured process launches
@@ -1452,7 +1452,7 @@ bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
     retire_asleep_marks(g, false);
     const double drain = asleep_drain_ms(g);
     g->asleep_drain_ms.store(drain, std::memory_order_relaxed);
-    return !(drain > kAsleepMaxDrainMs);
+    return !(drain > g->cfg.asleep_max_drain_ms);
   } catch (const std::exception& e) {
     barriers_failed(g, e);
     return true;
@@ -1482,7 +1482,7 @@ void sleep_loop(GateState* g, at::CallbackHandle handle) {
       const int64_t now = now_ns();
       if (!asleep_barrier(g, now, device_set)) {
         g->backlog_wakes.fetch_add(1);
-        g->awake_until_ns.store(now + kBacklogHoldNs);
+        g->awake_until_ns.store(now + static_cast<int64_t>(g->cfg.backlog_hold_s * 1e9));
         can = false;
       }
     }
@@ -1533,6 +1533,9 @@ Config config_from(const py::handle& c) {
   cfg.idle_grace_ms = c.attr("idle_grace_ms").cast<double>();
   cfg.poll_us = c.attr("poll_us").cast<double>();
   cfg.op_costs = c.attr("op_costs").cast<bool>();
+  cfg.asleep_barrier_ms = c.attr("asleep_barrier_ms").cast<double>();
+  cfg.asleep_max_drain_ms = c.attr("asleep_max_drain_ms").cast<double>();
+  cfg.backlog_hold_s = c.attr("backlog_hold_s").cast<double>();
   return cfg;
 }
 

@@ -52,6 +52,12 @@ DEFAULT_IDLE_GRACE_MS = 2.0
 RUN_BARRIER_MS = 0.1
 #: Sleep per poll while a watched task is active (or a task word is set).
 POLL_US = 30.0
+#: While a gate sleeps (docs/gate.md, "Barriers while asleep"): wall time between two stream
+#: barriers put by its sleep thread; what a starting request may wait for on average before the
+#: gate wakes; how long it then stays awake.
+ASLEEP_BARRIER_MS = 1.0
+ASLEEP_MAX_DRAIN_MS = 2.0
+BACKLOG_HOLD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,11 @@ class GateConfig:
     barrier_ms: float = 0.0
     #: sleep per poll while a watched task is active or a task word is set
     poll_us: float = POLL_US
+    #: asleep with barriers: their spacing (wall time), the expected wait for a starting
+    #: request above which the gate wakes, and how long it then stays awake
+    asleep_barrier_ms: float = ASLEEP_BARRIER_MS
+    asleep_max_drain_ms: float = ASLEEP_MAX_DRAIN_MS
+    backlog_hold_s: float = BACKLOG_HOLD_S
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,6 +109,9 @@ class GateConfig:
             )
         if not self.poll_us > 0:
             raise UsageError(f"poll_us must be > 0, got {self.poll_us}")
+        for label in ("asleep_barrier_ms", "asleep_max_drain_ms", "backlog_hold_s"):
+            if not 0 < getattr(self, label) < math.inf:
+                raise UsageError(f"{label} must be a finite number > 0, not {getattr(self, label)}")
 
 
 def _pick(explicit: Any, env: Any, default: Any) -> Any:
