@@ -41,6 +41,14 @@ def test_an_active_or_recently_active_server_keeps_it_awake() -> None:
     assert (allowed, due) == ({1}, None)
 
 
+def test_by_default_a_second_of_idleness_lets_it_sleep() -> None:
+    """An asleep gate still puts barriers, so the pause only outlasts the gaps of traffic."""
+    allowed, due = sleepers(Snapshot(now=10.0, tasks=(trainer(), server(idle_s=0.25))))
+    assert allowed == set()
+    assert due == 10.75
+    assert sleepers(Snapshot(now=10.0, tasks=(trainer(), server(idle_s=1.0))))[0] == {1}
+
+
 def test_someone_who_needs_its_activity_keeps_it_awake() -> None:
     below = view(3, -200, active=True)
     assert sleepers(Snapshot(now=0.0, tasks=(trainer(), below)))[0] == set()
