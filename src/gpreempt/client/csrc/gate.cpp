@@ -277,6 +277,15 @@ struct Pending {
   bool backlogged;
 };
 
+// A barrier the sleep thread put while asleep: the event recorded behind it, when it was
+// recorded (steady clock), and whether the GPU had not yet reached the one before by then.
+struct AsleepMark {
+  void* event;
+  c10::Stream stream;
+  int64_t recorded_ns;
+  bool backlogged;
+};
+
 struct KnownStream {
   c10::Stream stream;
   void* tail = nullptr;  // reusable event for drain and idle detection
@@ -348,12 +357,12 @@ struct GateState {
   std::deque<Sample> samples;  // timings waiting for their `after` event
   std::vector<KnownStream> streams;
   // the stream of the last segment (the one the process last launched on, as far as the gate
-  // saw), the events behind the barriers the sleep thread put on it, oldest first (`mark`: when
-  // each was recorded, steady clock ns), and the last one the GPU reached
+  // saw), the barriers the sleep thread put on it that the GPU has not reached yet, oldest
+  // first, and the last one it reached (event null: none)
   c10::Stream last_stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
-  std::deque<Pending> asleep_marks;
-  Pending asleep_reached{nullptr, 0, 0, 0, 0,
-                         c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)), false};
+  std::deque<AsleepMark> asleep_marks;
+  AsleepMark asleep_reached{nullptr, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)),
+                            0, false};
   double span_sum = 0.0;     // decaying sums of the spans' GPU times (ms) and their squares
   double span_square = 0.0;
   int64_t next_asleep_barrier_ns = 0;
@@ -1368,23 +1377,21 @@ bool may_sleep(GateState* g) {
          now_ns() >= g->awake_until_ns.load(std::memory_order_relaxed);
 }
 
-// Gives back the events behind the barriers put while asleep: all of them (forgetting the
-// spans), or those the GPU has reached, adding the GPU time of the work between each and the one
-// before to the spans: their distance on the GPU, less the time between their records if the GPU
-// had reached the first before the second was recorded (it may have idled that long).
-void retire_asleep_marks(GateState* g, bool all) {
-  while (!g->asleep_marks.empty() &&
-         (all || g->impl->queryEvent(g->asleep_marks.front().event))) {
-    const Pending mark = g->asleep_marks.front();
+// Takes in the barriers put while asleep that the GPU has reached (mu held): each adds the GPU
+// time of the work between it and the one before to the spans, their distance on the GPU less
+// the time between their records if the GPU had reached the first before the second was
+// recorded (it may have idled that long).
+void learn_asleep_spans(GateState* g) {
+  while (!g->asleep_marks.empty() && g->impl->queryEvent(g->asleep_marks.front().event)) {
+    const AsleepMark mark = g->asleep_marks.front();
     g->asleep_marks.pop_front();
-    const c10::DeviceIndex device = mark.stream.device_index();
-    if (!all && g->asleep_reached.event != nullptr) {
-      const Pending& before = g->asleep_reached;
-      double ms = elapsed_ms(g->impl, before.event, mark.event, device);
+    const AsleepMark& before = g->asleep_reached;
+    if (before.event != nullptr) {
+      double ms = elapsed_ms(g->impl, before.event, mark.event, mark.stream.device_index());
       if (ms < 0.0) {
         ms = std::numeric_limits<double>::infinity();  // cannot tell: assume the worst
       } else if (!mark.backlogged) {
-        ms = std::max(0.0, ms - static_cast<double>(mark.mark - before.mark) / 1e6);
+        ms = std::max(0.0, ms - static_cast<double>(mark.recorded_ns - before.recorded_ns) / 1e6);
       }
       const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
       g->span_sum = g->span_sum * keep + ms;
@@ -1392,21 +1399,23 @@ void retire_asleep_marks(GateState* g, bool all) {
       if (ms > g->asleep_longest_ms.load(std::memory_order_relaxed)) {
         g->asleep_longest_ms.store(ms, std::memory_order_relaxed);
       }
+      give_event(g, before.event, before.stream.device_index());
     }
-    give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
-    g->asleep_reached.event = nullptr;
-    if (all) {
-      give_event(g, mark.event, device);
-    } else {
-      g->asleep_reached = mark;
-    }
+    g->asleep_reached = mark;
   }
-  if (all) {
-    give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
-    g->asleep_reached.event = nullptr;
-    g->span_sum = 0.0;
-    g->span_square = 0.0;
+}
+
+// Gives back every event of the barriers put while asleep and forgets the spans (mu held): the
+// gate woke, and the next sleep learns afresh.
+void forget_asleep_marks(GateState* g) {
+  for (const AsleepMark& mark : g->asleep_marks) {
+    give_event(g, mark.event, mark.stream.device_index());
   }
+  g->asleep_marks.clear();
+  give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
+  g->asleep_reached.event = nullptr;
+  g->span_sum = 0.0;
+  g->span_square = 0.0;
 }
 
 // What a request starting now would wait for on average (ms): the spans' GPU times weighted by
@@ -1447,9 +1456,8 @@ bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
     g->impl->record(&ev, stream, stream.device_index(), c10::EventFlag::BACKEND_DEFAULT);
     const bool backlogged =
         !g->asleep_marks.empty() && !g->impl->queryEvent(g->asleep_marks.back().event);
-    g->asleep_marks.push_back(
-        Pending{ev, 0, static_cast<uint64_t>(now_ns()), 0, 0, stream, backlogged});
-    retire_asleep_marks(g, false);
+    g->asleep_marks.push_back(AsleepMark{ev, stream, now_ns(), backlogged});
+    learn_asleep_spans(g);
     const double drain = asleep_drain_ms(g);
     g->asleep_drain_ms.store(drain, std::memory_order_relaxed);
     return !(drain > g->cfg.asleep_max_drain_ms);
@@ -1466,7 +1474,7 @@ void wake(GateState* g, at::CallbackHandle handle) {
   at::reenableCallback(handle);
   g->asleep.store(false);
   std::lock_guard<std::mutex> lock(g->mu);
-  retire_asleep_marks(g, true);
+  forget_asleep_marks(g);
 }
 
 void sleep_loop(GateState* g, at::CallbackHandle handle) {
