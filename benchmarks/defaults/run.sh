@@ -33,8 +33,8 @@ cell() {  # name, timeout s, bench options...
 for group in "$@"; do
   case $group in
     overhead)
-      timeout 300 python3 benchmarks/gate/measure_gate.py --out "$OUT/overhead" --rounds 6 \
-        --steps 90 --heavy-rounds 4 --heavy-steps 20 \
+      timeout 330 python3 benchmarks/gate/measure_gate.py --out "$OUT/overhead" --rounds 36 \
+        --steps 12 --heavy-rounds 12 --heavy-steps 8 \
         --phases overhead_defaults,overhead_defaults_sync,overhead_defaults_heavy \
         > "$OUT/overhead.txt" 2>&1
       echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt" ;;

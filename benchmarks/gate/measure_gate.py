@@ -143,14 +143,32 @@ HEAVY_CONFIGS = (
 )
 
 
+def bootstrap_median_ci(values: list[float], draws: int = 2000, seed: int = 0) -> list[float]:
+    """A 95 % interval of the median of ``values`` (percentile bootstrap, fixed seed)."""
+    if len(values) < 2:
+        return [float("nan"), float("nan")]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return [medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]]
+
+
 def measure_overhead(
     trainer: Trainer, control: ControlBlock, rounds: int, steps: int, names: tuple[str, ...]
 ) -> dict:
-    """Interleaved rounds; each configuration's rate divided by the same round's ungated rate."""
+    """Interleaved rounds; each configuration's rate divided by the same round's ungated rate.
+
+    Every round runs each configuration once for ``steps`` steps, in an order shuffled per
+    round (fixed seed), so neither drift nor a configuration's place in the round favours one.
+    Short rounds, many of them: the speed of a CPU-bound trainer moves within seconds on a
+    shared host, and a ratio taken within one round cancels what moves more slowly.
+    """
     rates: dict[str, list[float]] = {name: [] for name in names}
     gate_stats: dict[str, dict] = {}
+    order = list(names)
+    rng = random.Random(1)
     for _ in range(rounds):
-        for name in names:
+        rng.shuffle(order)
+        for name in order:
             kwargs = dict(OVERHEAD_CONFIGS[name] or {})
             control.set_window_share(kwargs.pop("share_ms", None))
             control.set_sleep_ok(kwargs.pop("sleep_ok", False))
@@ -182,6 +200,7 @@ def measure_overhead(
         "paired_ratios": paired,
         "ratio_to_none": {k: statistics.median(v) for k, v in paired.items()},
         "ratio_quartiles": {k: [percentile(v, 25), percentile(v, 75)] for k, v in paired.items()},
+        "ratio_ci95": {k: bootstrap_median_ci(v) for k, v in paired.items()},
         "gate_stats_last_round": gate_stats,
         "configs": {name: OVERHEAD_CONFIGS[name] for name in names},
     }
@@ -482,6 +501,7 @@ def main() -> int:
         for name, ratio in overhead.get("ratio_to_none", {}).items():
             med = overhead["median_steps_per_s"][name]
             q1, q3 = overhead["ratio_quartiles"][name]
+            lo, hi = overhead.get("ratio_ci95", {}).get(name, [float("nan")] * 2)
             gate = overhead.get("gate_stats_last_round", {}).get(name, {})
             asleep = (
                 f"  asleep barriers {gate['asleep_barriers']} backlog wakes {gate['backlog_wakes']}"
@@ -491,7 +511,7 @@ def main() -> int:
             )
             print(
                 f"  {phase} {name:26s} {med:6.2f} steps/s ratio {ratio:.3f} "
-                f"[{q1:.3f}-{q3:.3f}]{asleep}"
+                f"[{q1:.3f}-{q3:.3f}] 95% CI of the median [{lo:.3f}-{hi:.3f}]{asleep}"
             )
     drains = {f"{p}/{k}": v for p in ("drain", "drain_heavy") for k, v in result.get(p, {}).items()}
     for name, d in drains.items():
