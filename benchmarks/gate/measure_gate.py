@@ -72,15 +72,25 @@ class Trainer:
         if self.sync:
             loss.item()
 
-    def rate(self, steps: int, warmup: int = 3) -> float:
+    def step_times(self, steps: int, warmup: int = 3) -> list[float]:
+        """Wall time of each of ``steps`` steps (s); the last one includes the wait for the GPU
+        to finish what they queued, so the sum is the time the steps took."""
         for _ in range(warmup):
             self.step()
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
+        times = []
+        last = time.perf_counter()
+        for i in range(steps):
             self.step()
-        torch.cuda.synchronize()
-        return steps / (time.perf_counter() - start)
+            if i == steps - 1:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        return times
+
+    def rate(self, steps: int, warmup: int = 3) -> float:
+        return steps / sum(self.step_times(steps, warmup))
 
 
 _TIGHT = {"bound": True, "auto_activity": False, "mode": "tight"}
@@ -152,17 +162,45 @@ def bootstrap_median_ci(values: list[float], draws: int = 2000, seed: int = 0) -
     return [medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]]
 
 
+def step_time_ratio(
+    steps: dict[str, list[list[float]]], name: str, draws: int = 1000, seed: int = 0
+) -> tuple[float, list[float]]:
+    """The ungated median step time over ``name``'s, and a 95 % interval of it.
+
+    Medians of every step of every round: a step the host stalled for (which on a shared
+    machine moves a round's mean by tens of percent) does not move them. The interval resamples
+    whole rounds, keeping each round's steps of both configurations together. Meant for a
+    trainer that cannot run ahead of its GPU (CPU-bound, or reading its loss every step): one
+    that can queues its first steps in no time and waits for them all in the last.
+    """
+
+    def ratio(rounds: list[int]) -> float:
+        base = [t for r in rounds for t in steps["none"][r]]
+        ours = [t for r in rounds for t in steps[name][r]]
+        return statistics.median(base) / statistics.median(ours)
+
+    indices = list(range(len(steps["none"])))
+    rng = random.Random(seed)
+    ratios = sorted(ratio(rng.choices(indices, k=len(indices))) for _ in range(draws))
+    return ratio(indices), [ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]]
+
+
 def measure_overhead(
-    trainer: Trainer, control: ControlBlock, rounds: int, steps: int, names: tuple[str, ...]
+    trainer: Trainer,
+    control: ControlBlock,
+    rounds: int,
+    steps: int,
+    names: tuple[str, ...],
+    warmup: int = 2,
 ) -> dict:
-    """Interleaved rounds; each configuration's rate divided by the same round's ungated rate.
+    """Interleaved rounds; each configuration's speed against the same rounds' ungated speed.
 
     Every round runs each configuration once for ``steps`` steps, in an order shuffled per
     round (fixed seed), so neither drift nor a configuration's place in the round favours one.
-    Short rounds, many of them: the speed of a CPU-bound trainer moves within seconds on a
-    shared host, and a ratio taken within one round cancels what moves more slowly.
+    Two figures: the median over rounds of the ratio of the round's rates, and the ratio of
+    the median step times (robust to the stalls of a shared host, see step_time_ratio).
     """
-    rates: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, list[list[float]]] = {name: [] for name in names}
     gate_stats: dict[str, dict] = {}
     order = list(names)
     rng = random.Random(1)
@@ -180,7 +218,7 @@ def measure_overhead(
                 while not gate.stats().get("asleep") and time.monotonic() < deadline:
                     time.sleep(0.001)
             try:
-                rates[name].append(trainer.rate(steps, warmup=2))
+                times[name].append(trainer.step_times(steps, warmup))
                 if gate is not None:
                     stats = gate.stats()
                     stats.pop("config", None)
@@ -190,17 +228,22 @@ def measure_overhead(
                     gate.uninstall()
                 control.set_window_share(None)
                 control.set_sleep_ok(False)
+    rates = {name: [len(t) / sum(t) for t in blocks] for name, blocks in times.items()}
     paired = {
         name: [r / b for r, b in zip(rates[name], rates["none"], strict=True)] for name in names
     }
+    by_step = {name: step_time_ratio(times, name) for name in names}
     return {
         "steps_per_round": steps,
+        "step_seconds": times,
         "steps_per_s": rates,
         "median_steps_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "paired_ratios": paired,
         "ratio_to_none": {k: statistics.median(v) for k, v in paired.items()},
         "ratio_quartiles": {k: [percentile(v, 25), percentile(v, 75)] for k, v in paired.items()},
         "ratio_ci95": {k: bootstrap_median_ci(v) for k, v in paired.items()},
+        "step_time_ratio": {k: v[0] for k, v in by_step.items()},
+        "step_time_ratio_ci95": {k: v[1] for k, v in by_step.items()},
         "gate_stats_last_round": gate_stats,
         "configs": {name: OVERHEAD_CONFIGS[name] for name in names},
     }
@@ -501,7 +544,8 @@ def main() -> int:
         for name, ratio in overhead.get("ratio_to_none", {}).items():
             med = overhead["median_steps_per_s"][name]
             q1, q3 = overhead["ratio_quartiles"][name]
-            lo, hi = overhead.get("ratio_ci95", {}).get(name, [float("nan")] * 2)
+            by_step = overhead.get("step_time_ratio", {}).get(name, float("nan"))
+            lo, hi = overhead.get("step_time_ratio_ci95", {}).get(name, [float("nan")] * 2)
             gate = overhead.get("gate_stats_last_round", {}).get(name, {})
             asleep = (
                 f"  asleep barriers {gate['asleep_barriers']} backlog wakes {gate['backlog_wakes']}"
@@ -511,7 +555,8 @@ def main() -> int:
             )
             print(
                 f"  {phase} {name:26s} {med:6.2f} steps/s ratio {ratio:.3f} "
-                f"[{q1:.3f}-{q3:.3f}] 95% CI of the median [{lo:.3f}-{hi:.3f}]{asleep}"
+                f"[{q1:.3f}-{q3:.3f}], of median step times {by_step:.3f} "
+                f"(95% CI {lo:.3f}-{hi:.3f}){asleep}"
             )
     drains = {f"{p}/{k}": v for p in ("drain", "drain_heavy") for k, v in result.get(p, {}).items()}
     for name, d in drains.items():
