@@ -10,7 +10,7 @@
 # 0.001: they then sleep between requests too).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
-# and light6-no-request). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
+# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
 # printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -56,7 +56,7 @@ for group in "$@"; do
     compiled) cell compiled 480 --repeats "$REPEATS" --case-b transformer-compiled \
       --scenarios gpreempt,gpreempt-gate ;;
     eager) cell eager 570 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
-      --scenarios gpreempt,gpreempt-no-request ;;
+      --scenarios "${EAGER_SCENARIOS:-gpreempt,gpreempt-no-request}" ;;
     eager-no-barriers) GPREEMPT_GATE_BARRIER_MS=0 cell eager-no-barriers 420 \
       --repeats "$REPEATS" --case-a eager --case-b transformer-sync --scenarios gpreempt ;;
     sweep) for load in 0.2 0.8; do
