@@ -10,8 +10,9 @@
 # 0.001: they then sleep between requests too).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
-# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md go to $OUT/<cell>/; a table is
-# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json.
+# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md
+# go to $OUT/<cell>/; a table is printed. Each cell's Case-B gate counters go to
+# $OUT/<cell>/gate_counters.json.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
