@@ -436,7 +436,27 @@ def main() -> int:
         "drain_heavy, activity, identical, overhead_defaults, overhead_defaults_sync, "
         "overhead_defaults_heavy",
     )
+    parser.add_argument(
+        "--defaults-configs",
+        default=",".join(DEFAULTS_CONFIGS),
+        help="comma-separated configurations of the overhead_defaults phases (none comes first)",
+    )
+    parser.add_argument(
+        "--cpus",
+        help="CPUs to run on, e.g. 4-7 or 4,5 (os.sched_setaffinity; threads started later "
+        "inherit it): keeps the scheduler from moving the trainer between cores",
+    )
     args = parser.parse_args()
+    defaults = tuple(dict.fromkeys(["none", *args.defaults_configs.split(",")]))
+    unknown_configs = set(defaults) - set(OVERHEAD_CONFIGS)
+    if unknown_configs:
+        parser.error(f"unknown configuration(s): {', '.join(sorted(unknown_configs))}")
+    if args.cpus:
+        cpus: set[int] = set()
+        for part in args.cpus.split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+        os.sched_setaffinity(0, cpus)
     args.out.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
@@ -495,18 +515,16 @@ def main() -> int:
         ("identical", lambda: measure_identical(control, 30)),
         (
             "overhead_defaults",
-            lambda: measure_overhead(trainer, control, args.rounds, args.steps, DEFAULTS_CONFIGS),
+            lambda: measure_overhead(trainer, control, args.rounds, args.steps, defaults),
         ),
         (
             "overhead_defaults_sync",
-            lambda: measure_overhead(
-                sync_trainer(), control, args.rounds, args.steps, DEFAULTS_CONFIGS
-            ),
+            lambda: measure_overhead(sync_trainer(), control, args.rounds, args.steps, defaults),
         ),
         (
             "overhead_defaults_heavy",
             lambda: measure_overhead(
-                heavy_trainer(), control, args.heavy_rounds, args.heavy_steps, DEFAULTS_CONFIGS
+                heavy_trainer(), control, args.heavy_rounds, args.heavy_steps, defaults
             ),
         ),
     ]
