@@ -7,7 +7,8 @@
 # light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
 # eager-grace (grace for the eager server without request()), sleep-often (light and compiled
 # with the trainers' gates let sleep after SLEEP_AFTER s of the server's idleness, default
-# 0.001: they then sleep between requests too).
+# 0.001: they then sleep between requests too), budget (light without request() under the
+# daemon's in-flight budgets BUDGETS, default 1 and 0.5 ms).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md
@@ -71,6 +72,10 @@ for group in "$@"; do
     sleep-often) for cb in transformer-sync transformer-compiled; do
         cell "sleep-${SLEEP_AFTER:-0.001}-$cb" 420 --repeats "$REPEATS" --case-b "$cb" \
           --scenarios gpreempt,gpreempt-no-request --serve-args="--sleep-after-s=${SLEEP_AFTER:-0.001}"
+      done ;;
+    budget) for budget in ${BUDGETS:-1 0.5}; do
+        cell "budget-$budget" 300 --repeats "$REPEATS" --case-b transformer-sync \
+          --scenarios gpreempt-no-request --serve-args="--inflight-budget-ms=$budget"
       done ;;
     eager-grace) for grace in ${GRACES:-0 0.5 2}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 300 --repeats 2 --case-a eager \
