@@ -2,8 +2,9 @@
 # The defaults' cells (gpreempt run --priority low|high, nothing else set), on GPU 0.
 #   OUT=dir bash benchmarks/defaults/run.sh GROUP [GROUP ...]
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
-# task registered but idle), server-gate (server_gate.py: what its own gate costs an eager
-# server), light, light6 and light6-no-request (light's two scenarios, 6 repeats), light3,
+# task registered but idle, five configurations), overhead-long (the defaults against no gate
+# only, 70 rounds, once free and once pinned to four CPUs), server-gate (server_gate.py: what
+# its own gate costs an eager server), light, light6 and light6-no-request (light's two scenarios, 6 repeats), light3,
 # light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
 # eager-grace (grace for the eager server without request()), sleep-often (light and compiled
 # with the trainers' gates let sleep after SLEEP_AFTER s of the server's idleness, default
@@ -39,7 +40,17 @@ for group in "$@"; do
         --steps 12 --heavy-rounds 12 --heavy-steps 8 \
         --phases overhead_defaults,overhead_defaults_sync,overhead_defaults_heavy \
         > "$OUT/overhead.txt" 2>&1
-      echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt" ;;
+      echo "overhead rc=$?"; grep -E "overhead_defaults" "$OUT/overhead.txt"
+      gzip -f "$OUT/overhead/gate_measure.json" ;;
+    overhead-long) for v in free pinned; do  # pinned: on CPUs 8-11 only
+        pin=(); [ "$v" = pinned ] && pin=(--cpus 8-11)
+        mkdir -p "$OUT/overhead-long"
+        timeout 270 python3 benchmarks/gate/measure_gate.py --out "$OUT/overhead-long/$v" \
+          --rounds 70 --steps 12 --phases overhead_defaults,overhead_defaults_sync \
+          --defaults-configs defaults_idle_server "${pin[@]}" > "$OUT/overhead-long/$v.txt" 2>&1
+        echo "overhead-long $v rc=$?"; grep -E "overhead_defaults" "$OUT/overhead-long/$v.txt"
+        gzip -f "$OUT/overhead-long/$v/gate_measure.json"
+      done ;;
     server-gate)
       timeout 300 python3 benchmarks/defaults/server_gate.py --out "$OUT/server_gate" --rounds 8 \
         > "$OUT/server_gate.txt" 2>&1
