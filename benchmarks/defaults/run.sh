@@ -4,12 +4,13 @@
 # Groups: overhead (measure_gate.py: what the defaults cost a trainer with a more important
 # task registered but idle, five configurations), overhead-long (the defaults against no gate
 # only, 70 rounds, once free and once pinned to four CPUs), server-gate (server_gate.py: what
-# its own gate costs an eager server), light, light6 and light6-no-request (light's two scenarios, 6 repeats), light3,
-# light3-no-request, heavy3, cupy, compiled, eager, eager-no-barriers, sweep, grace,
-# eager-grace (grace for the eager server without request()), sleep-often (light and compiled
-# with the trainers' gates let sleep after SLEEP_AFTER s of the server's idleness, default
-# 0.001: they then sleep between requests too), budget (light without request() under the
-# daemon's in-flight budgets BUDGETS, default 1 and 0.5 ms).
+# its own gate costs an eager server), light, light6 and light6-no-request (light's two
+# scenarios, 6 repeats), light3, light3-no-request, heavy3, cupy, compiled, eager,
+# eager-no-barriers, sweep, grace, eager-grace (grace for the eager server without
+# request()), sleep-often (light and compiled with the trainers' gates let sleep after
+# SLEEP_AFTER s of the server's idleness, default 0.001: they then sleep between requests
+# too), budget (light without request() under the daemon's in-flight budgets BUDGETS, default
+# 1 and 0.5 ms).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md

@@ -9,7 +9,9 @@ tenants touch every configuration alike.
 1. Overhead: an eager Transformer encoder training loop (d=1024, 16 heads, batch 16x512,
    bf16 autocast, AdamW) in steps/s with no gate, and with the gate installed and open under
    several settings (open window as a lone trainer sees it; tight windows forced on; automatic
-   activity only).
+   activity only). Each configuration's steps are timed one by one: besides the ratio of
+   speeds per round, the ratio of the median step times with a 95 % interval, which a
+   CPU-bound loop on a shared host needs (step_time_ratio).
 2. Drain latency: while the loop trains, another thread closes the gate at random moments and
    times how long until the device has no work left (cudaDeviceSynchronize returns), then
    opens it again 2 ms later. Compared with an unbounded gate (what PyTorch queues ahead).
@@ -453,10 +455,13 @@ def main() -> int:
         parser.error(f"unknown configuration(s): {', '.join(sorted(unknown_configs))}")
     if args.cpus:
         cpus: set[int] = set()
-        for part in args.cpus.split(","):
-            first, _, last = part.partition("-")
-            cpus.update(range(int(first), int(last or first) + 1))
-        os.sched_setaffinity(0, cpus)
+        try:
+            for part in args.cpus.split(","):
+                first, _, last = part.partition("-")
+                cpus.update(range(int(first), int(last or first) + 1))
+            os.sched_setaffinity(0, cpus)
+        except (ValueError, OSError) as exc:
+            parser.error(f"--cpus {args.cpus}: {exc} (give CPUs this machine has, e.g. 4-7)")
     args.out.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
