@@ -36,6 +36,8 @@ FULL = TaskFields(
         RegisterRequest(pid=1, task=TaskFields()),
         ChannelRequest(FULL),
         ChannelRequest(),
+        ChannelRequest(gpu=3),
+        ChannelRequest(FULL, gpu=1),
         HoldRequest("trainer", True),
         TargetRequest("evict", "1234"),
     ],
@@ -81,6 +83,9 @@ def test_channel_and_target_refusals() -> None:
     with pytest.raises(UsageError, match="register must be an object of task fields"):
         ChannelRequest.from_wire({"register": [1, 2]})
     assert ChannelRequest.from_wire({"register": None}) == ChannelRequest()
+    for gpu in ("1", -1, True, 1.5):
+        with pytest.raises(UsageError, match="a GPU index must be"):
+            ChannelRequest.from_wire({"gpu": gpu})
     for target in (True, None, 1.5, ["x"]):
         with pytest.raises(UsageError, match="target must be a task name or pid"):
             TargetRequest.from_wire({"op": "detach", "target": target})

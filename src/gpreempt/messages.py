@@ -30,6 +30,10 @@ from .field_checks import (
 from .priority import parse_priority
 
 
+def _gpu_index(value: Any) -> int:
+    return whole(value, "a GPU index", 0, MAX_GPU_INDEX)
+
+
 @dataclass(frozen=True)
 class TaskFields:
     """What a task is registered with (``gpreempt run`` / ``attach`` options)."""
@@ -58,7 +62,7 @@ class TaskFields:
             raw_gpus = [0]
         if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
             raise UsageError(f"gpus must be a list of 1 to {MAX_GPUS} GPU indexes")
-        gpus = tuple(whole(g, "a GPU index", 0, MAX_GPU_INDEX) for g in raw_gpus)
+        gpus = tuple(_gpu_index(g) for g in raw_gpus)
         mechanism = text(message.get("mechanism"), "mechanism") or "auto"
         check = flag(message.get("check"), "check")
         timeslice = message.get("timeslice_ms")
@@ -124,23 +128,31 @@ class RegisterRequest:
 @dataclass(frozen=True)
 class ChannelRequest:
     """``channel``: bind the caller's control block (sent as descriptors beside the message)
-    to its task, registering the caller with ``register`` if it is no task's yet."""
+    to its task, registering the caller with ``register`` if it is no task's yet.
+
+    ``gpu``: the GPU the caller uses, where it knows it (a rank of a multi-process job,
+    :mod:`gpreempt.client.ranks`): the daemon counts its task on that GPU too."""
 
     register: TaskFields | None = None
+    gpu: int | None = None
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> ChannelRequest:
+        gpu = message.get("gpu")
+        gpu = None if gpu is None else _gpu_index(gpu)
         register = message.get("register")
         if not register:
-            return cls()
+            return cls(gpu=gpu)
         if not isinstance(register, dict):
             raise UsageError("register must be an object of task fields")
-        return cls(TaskFields.from_wire(register))
+        return cls(TaskFields.from_wire(register), gpu)
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"op": "channel"}
         if self.register is not None:
             wire["register"] = self.register.to_wire()
+        if self.gpu is not None:
+            wire["gpu"] = self.gpu
         return wire
 
 

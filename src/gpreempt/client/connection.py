@@ -84,12 +84,14 @@ class DaemonClient:
         memfd: int,
         doorbell: int,
         register: TaskFields | Mapping[str, Any] | None = None,
+        gpu: int | None = None,
     ) -> Message:
         """Hand the daemon this process's control block and doorbell, registering this process
-        with ``register`` (task fields, or a mapping of them) if it is no task's yet."""
+        with ``register`` (task fields, or a mapping of them) if it is no task's yet; ``gpu``:
+        the GPU this process uses, where it knows it (a rank of a multi-process job)."""
         if register is not None and not isinstance(register, TaskFields):
             register = TaskFields.from_wire(register) if register else None
-        return self.send(ChannelRequest(register), fds=(memfd, doorbell))
+        return self.send(ChannelRequest(register, gpu), fds=(memfd, doorbell))
 
     def status(self) -> Message:
         return self.request("status")

@@ -29,6 +29,7 @@ from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
+from .ranks import rank_gpu
 from .stranded import WatchedBlock, free_stranded
 
 if TYPE_CHECKING:
@@ -118,7 +119,9 @@ class Session:
         except GpreemptError:
             return False
         try:
-            reply = client.open_channel(self.control.memfd, self.control.doorbell, self._register)
+            reply = client.open_channel(
+                self.control.memfd, self.control.doorbell, self._register, rank_gpu()
+            )
         except (GpreemptError, ProtocolError, OSError):
             client.close()  # e.g. the launcher has not registered us again yet
             return False
@@ -272,7 +275,7 @@ def _open(runtime_dir: str | None, register: dict[str, Any] | None) -> Session:
     client = DaemonClient.connect(runtime_dir)
     control = ControlBlock.create()
     try:
-        reply = client.open_channel(control.memfd, control.doorbell, register)
+        reply = client.open_channel(control.memfd, control.doorbell, register, rank_gpu())
     except (GpreemptError, ProtocolError, OSError) as exc:
         client.close()
         control.close()

@@ -158,6 +158,8 @@ class Handlers:
         peer.control = control
         peer.channel_task = task.task_id
         task.controls[peer.conn_id] = control
+        if request.gpu is not None:
+            task.add_gpu(request.gpu)
         self.host.listen_to_doorbell(peer)
         if task.suspended and kind(task.suspended_with).in_process:
             control.set_gate(True)

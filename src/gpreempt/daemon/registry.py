@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NoSuchTask
+from ..field_checks import MAX_GPUS
 from ..mechanisms import kind
 from ..mechanisms.base import Target
 from ..policy import Snapshot, TaskView
@@ -75,6 +76,12 @@ class Task:
     #: Why the policy's last suspension of it failed, while the policy still wants it
     #: suspended (state ``unprotected``); None otherwise.
     suspend_error: str | None = None
+
+    def add_gpu(self, gpu: int) -> None:
+        """Count the task on ``gpu`` too: a process of it (a rank of a multi-GPU job) said it
+        uses that GPU, so a more important task there preempts the whole task."""
+        if gpu not in self.gpus and len(self.gpus) < MAX_GPUS:
+            self.gpus = (*self.gpus, gpu)
 
     @property
     def suspended(self) -> bool:
@@ -203,6 +210,8 @@ class Task:
             "priority": self.priority,
             "priority_name": priority_name(self.priority),
             "gpus": list(self.gpus),
+            # its processes with a channel (the ranks of a multi-GPU job, say)
+            "processes": len(self.controls),
             "mechanism": self.mechanism,
             "state": self.status_word,
             "suspend_error": self.suspend_error,

@@ -1,0 +1,147 @@
+"""With a real daemon: a data-parallel job started by torchrun under one `gpreempt run` is one
+task on every GPU its ranks use, and a request on one rank's GPU stops every rank at once and
+lets them all go on together; the job trains exactly what it trains undisturbed.
+
+DistributedDataParallel over gloo on CPU processes stands in for NCCL on GPUs: a rank stopped
+alone would leave the other waiting inside its all-reduce.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("this PyTorch has no gloo backend", allow_module_level=True)
+
+#: Two ranks train until a stop file appears (they agree on the step through an all-reduce),
+#: each writing its step count; rank 0 saves the weights and the number of steps.
+#: argv: out dir, stop file (or "-" to stop after STEPS), STEPS.
+DDP_JOB = """
+import os, sys, time, pathlib
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+out, stop, steps = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.Generator().manual_seed(rank)
+progress, tmp = out / f"progress-{rank}", out / f"progress-{rank}.tmp"
+step = 0
+while True:
+    done = torch.tensor([float(stop != "-" and os.path.exists(stop) or step >= steps)])
+    dist.all_reduce(done)
+    if done.item():
+        break
+    x = torch.randn(32, 64, generator=data)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    tmp.write_text(str(step))
+    os.replace(tmp, progress)
+    time.sleep(0.002)
+if rank == 0:
+    torch.save({"steps": step, "weights": model.module.state_dict()}, out / "result.pt")
+dist.barrier()  # neither rank leaves while the other still talks to it
+dist.destroy_process_group()
+"""
+
+#: A high-priority server on GPU 1 that holds one request for 1.5 s once told to.
+SERVER = """
+import sys, time, pathlib
+import gpreempt
+gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
+go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.01)
+with gpreempt.request():
+    inside.touch()
+    time.sleep(1.5)
+inside.unlink()
+time.sleep(60)
+"""
+
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+
+
+def _job_task(runtime_dir: Path) -> dict:
+    reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+    return next((t for t in reply["tasks"] if t["name"] == "job"), {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism", ["auto", "signal"])
+def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
+    runtime_dir: Path, tmp_path: Path, mechanism: str
+) -> None:
+    job_script, server_script = tmp_path / "job.py", tmp_path / "server.py"
+    job_script.write_text(DDP_JOB)
+    server_script.write_text(SERVER)
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    go, inside = tmp_path / "go", tmp_path / "inside"
+    ranks = [Counter(out / f"progress-{rank}") for rank in (0, 1)]
+
+    daemon = Daemon(runtime_dir)
+    low = ("run", "-p", "low", "--name", "job", "-m", mechanism, "--gpu", "0", "--")
+    job = spawn(runtime_dir, *low, sys.executable, *TORCHRUN, str(job_script), str(out),
+                str(stop), "1000000")  # fmt: skip
+    high = ("run", "-p", "high", "--name", "srv", "--gpu", "1", "--")
+    server = spawn(runtime_dir, *high, sys.executable, str(server_script), str(runtime_dir),
+                   str(go), str(inside))  # fmt: skip
+    try:
+        # registered on GPU 0, its rank 1 says it uses GPU 1: the job counts on both
+        assert wait_for(lambda: _job_task(runtime_dir).get("gpus") == [0, 1], 60)
+        assert _job_task(runtime_dir)["processes"] >= 2
+        assert wait_for(lambda: all(r.value() > 20 for r in ranks), 60)
+
+        go.touch()  # a request on GPU 1 only
+        assert wait_for(inside.exists, 20)
+        time.sleep(0.3)
+        held = [r.value() for r in ranks]
+        time.sleep(0.6)
+        assert [r.value() for r in ranks] == held, "a rank ran on during the request"
+        # stopped at the same step, or one step apart (one waits in its all-reduce for the other)
+        assert abs(held[0] - held[1]) <= 1
+
+        assert wait_for(lambda: not inside.exists(), 10)
+        assert wait_for(lambda: all(r.progress_over(0.2) > 0 for r in ranks), 10), (
+            "the ranks did not all go on after the request"
+        )
+        stop.touch()
+        assert job.wait(60) == 0, job.communicate()
+    finally:
+        stop.touch()
+        stop_all(server)
+        if job.poll() is None:
+            stop_all(job)
+        daemon.stop()
+
+    result = torch.load(out / "result.pt")
+    assert result["steps"] > 40
+    # the same job undisturbed, for as many steps
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    done = subprocess.run(
+        [sys.executable, *TORCHRUN, str(job_script), str(alone), "-", str(result["steps"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    undisturbed = torch.load(alone / "result.pt")
+    assert undisturbed["steps"] == result["steps"]
+    for name, tensor in undisturbed["weights"].items():
+        assert torch.equal(tensor, result["weights"][name]), name

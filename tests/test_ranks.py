@@ -1,0 +1,51 @@
+"""Which GPU a rank of a multi-process job uses, from what its launcher put in its environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpreempt.client.ranks import rank_gpu
+from gpreempt.daemon.registry import Task
+from gpreempt.field_checks import MAX_GPUS
+
+
+@pytest.mark.parametrize(
+    ("environ", "gpu"),
+    [
+        ({}, None),  # not a rank
+        ({"RANK": "3", "WORLD_SIZE": "4"}, None),  # a rank, but not told its place on the node
+        ({"LOCAL_RANK": "1", "RANK": "5"}, 1),  # torchrun
+        ({"SLURM_LOCALID": "2"}, 2),  # srun
+        ({"LOCAL_RANK": "0", "SLURM_LOCALID": "3"}, 0),  # torchrun inside an srun allocation
+        ({"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "4,6"}, 6),
+        ({"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": " 4, 6 "}, 6),
+        ({"LOCAL_RANK": "1", "HIP_VISIBLE_DEVICES": "2,3"}, 3),  # AMD
+        ({"LOCAL_RANK": "2", "CUDA_VISIBLE_DEVICES": "4,6"}, None),  # fewer GPUs than ranks
+        ({"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "GPU-8a1f2c3d-0000"}, None),  # by UUID
+        ({"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": ""}, None),  # no GPU visible
+        ({"LOCAL_RANK": "x"}, None),
+        ({"LOCAL_RANK": "-1"}, None),
+    ],
+)
+def test_a_ranks_gpu_follows_the_launchers_conventions(environ: dict, gpu: int | None) -> None:
+    assert rank_gpu(environ) == gpu
+
+
+def _task(gpus: tuple[int, ...]) -> Task:
+    return Task(
+        task_id=1, pid=10, pgid=None, start_time=1, uid=0, name="job", priority=-100,
+        gpus=gpus, mechanism="auto",
+    )  # fmt: skip
+
+
+def test_a_task_is_counted_on_each_gpu_its_ranks_use_once() -> None:
+    task = _task((0,))
+    for gpu in (1, 0, 3, 1):
+        task.add_gpu(gpu)
+    assert task.gpus == (0, 1, 3)  # the GPU it was registered on stays first
+
+
+def test_a_task_counts_no_more_gpus_than_a_registration_may_name() -> None:
+    task = _task(tuple(range(MAX_GPUS)))
+    task.add_gpu(MAX_GPUS + 5)
+    assert len(task.gpus) == MAX_GPUS
