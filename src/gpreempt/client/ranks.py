@@ -3,10 +3,12 @@
 ``torchrun`` (``python -m torch.distributed.run``), ``accelerate``, DeepSpeed's launcher and
 Slurm's ``srun`` start one process per GPU and tell each its place on the node in
 ``LOCAL_RANK`` (``SLURM_LOCALID`` under srun); by convention the process then uses the
-LOCAL_RANK-th visible GPU (``torch.cuda.set_device(local_rank)``). All of them run under one
-``gpreempt run`` and so join one task; each reports its GPU when it opens its channel, and the
-daemon counts the task on every GPU its ranks use: a more important task on any of them stops
-the whole job, every rank at once (README, "Multi-GPU jobs").
+LOCAL_RANK-th visible GPU (``torch.cuda.set_device(local_rank)``). Each process reports that
+GPU when it opens its channel, and the daemon counts its task on it: the ranks a launcher
+started under one ``gpreempt run`` join one task, which then counts on every GPU they use, so
+a more important task on any of them stops the whole job, every rank at once (README,
+"Multi-GPU jobs"). Under srun each rank runs ``gpreempt run`` itself: a task per rank, each on
+its GPU.
 """
 
 from __future__ import annotations
