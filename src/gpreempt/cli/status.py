@@ -98,7 +98,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
             rows.append(
                 [
                     pid(task["pid"]),
-                    escape(task["name"]),
+                    escape(task["name"]) + job_note(task),
                     task["priority_name"],
                     styled_state(task),
                     "yes" if task["active"] else "no",
@@ -112,6 +112,18 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
         console.print(fit_table(columns, rows, console.width, title=f"GPU {gpu}"))
     for line in unprotected_lines(tasks):
         console.print(line)
+
+
+def job_note(task: dict[str, Any]) -> str:
+    """What follows the name of a task on several GPUs or of several processes (the ranks of
+    a multi-GPU job), e.g. `` (GPUs 0,1; 3 processes)``: such a task appears under each of its
+    GPUs and stops as a whole."""
+    parts = []
+    if len(task["gpus"]) > 1:
+        parts.append("GPUs " + ",".join(map(str, task["gpus"])))
+    if (task.get("processes") or 0) > 1:
+        parts.append(f"{task['processes']} processes")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def styled_state(task: dict[str, Any]) -> str:
