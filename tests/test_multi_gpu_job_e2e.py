@@ -54,8 +54,13 @@ while True:
     time.sleep(0.002)
 if rank == 0:
     torch.save({"steps": step, "weights": model.module.state_dict()}, out / "result.pt")
-dist.barrier()  # neither rank leaves while the other still talks to it
+dist.barrier()
 dist.destroy_process_group()
+# gloo aborts a process whose peer closes its sockets first (a race at exit, with or without
+# gpreempt): leave only once both have closed their group
+(out / f"closed-{rank}").touch()
+while not all((out / f"closed-{peer}").exists() for peer in (0, 1)):
+    time.sleep(0.01)
 """
 
 #: A high-priority server on GPU 1 that holds one request for 1.5 s once told to.

@@ -19,10 +19,13 @@ its stream barriers at run time (libcuda, or libamdhip64 on ROCm; see ``csrc/hip
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -75,6 +78,26 @@ def _check_toolchain() -> None:
         raise NativeGateUnavailable("ninja is not installed; `pip install ninja`")
 
 
+@contextlib.contextmanager
+def _building(build_dir: Path) -> Iterator[None]:
+    """Hold the build directory for one process at a time, with a lock the kernel drops when
+    its holder dies.
+
+    ``cpp_extension.load`` serialises its builds with a lock *file* (``lock``) that it creates
+    on every load, built or not, and waits forever for while it exists: a process killed while
+    holding it (a trainer stopped at start-up) would hang every later one at ``import torch``.
+    Under this lock no other loader runs, so such a file is left over and goes.
+    """
+    fd = os.open(build_dir / "build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            (build_dir / "lock").unlink()
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
 def load_native(*, verbose: bool = False) -> ModuleType:
     """Build (once per user and PyTorch version) and import the extension.
 
@@ -106,14 +129,15 @@ def load_native(*, verbose: bool = False) -> ModuleType:
             flush=True,
         )
     try:
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O2"],
-            build_directory=str(build_dir),
-            with_cuda=False,
-            verbose=verbose,
-        )
+        with _building(build_dir):
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=["-O2"],
+                build_directory=str(build_dir),
+                with_cuda=False,
+                verbose=verbose,
+            )
     except Exception as exc:  # compiler errors come as RuntimeError/CalledProcessError
         raise NativeGateUnavailable(
             f"building the launch gate extension failed ({type(exc).__name__}: {exc}); "
