@@ -178,6 +178,23 @@ while True:
 """
 
 
+#: A high-priority client that holds one request for 1.5 s once told to, then stays idle.
+#: argv: runtime dir, the file that says go, the file that exists while the request lasts.
+HOLDING_SERVER = """
+import sys, time, pathlib
+import gpreempt
+gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
+go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.01)
+with gpreempt.request():
+    inside.touch()
+    time.sleep(1.5)
+inside.unlink()
+time.sleep(60)
+"""
+
+
 #: A PyTorch loop on CPU tensors (operators the gate sees) that writes its progress to argv[1].
 TORCH_COUNTER = """
 import os, sys, torch

@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
 
-def test_status_table_shows_evicted_memory(capsys, monkeypatch) -> None:
-    from gpreempt.cli.status import print_status
+DAEMON = {"pid": 1, "policy": "hpf", "runtime_dir": "/tmp/x", "lock_available": True}
 
-    monkeypatch.setenv("COLUMNS", "200")
-    task = {
+
+def _task(**fields: Any) -> dict[str, Any]:
+    """A task as `status --json` gives it: a low-priority trainer on GPU 0, unless told."""
+    return {
         "pid": 5,
         "name": "trainer",
         "priority": -100,
         "priority_name": "low",
         "gpus": [0],
         "mechanism": "auto",
-        "state": "evicted",
-        "active": False,
-        "preemptions": 3,
-        "suspended_seconds": 1.5,
-        "last_suspend_ms": 0.02,
-        "last_mechanism": "lock",
-        "evicted_bytes": 32 * 2**30,
+        "state": "running",
+        "active": True,
+        "preemptions": 0,
+        "suspended_seconds": 0.0,
+        "last_suspend_ms": None,
+        "last_mechanism": None,
+        **fields,
     }
-    daemon = {"pid": 1, "policy": "hpf", "runtime_dir": "/tmp/x", "lock_available": True}
-    print_status({"daemon": daemon, "tasks": [task]})
+
+
+def test_status_table_shows_evicted_memory(capsys, monkeypatch) -> None:
+    from gpreempt.cli.status import print_status
+
+    monkeypatch.setenv("COLUMNS", "200")
+    task = _task(
+        state="evicted",
+        active=False,
+        preemptions=3,
+        suspended_seconds=1.5,
+        last_suspend_ms=0.02,
+        last_mechanism="lock",
+        evicted_bytes=32 * 2**30,
+    )
+    print_status({"daemon": DAEMON, "tasks": [task]})
     out = capsys.readouterr().out
     assert "on host GiB" in out and "32.00" in out and "evicted" in out
 
@@ -34,25 +50,19 @@ def test_status_shows_a_multi_gpu_job_under_each_of_its_gpus_as_one_task(
     from gpreempt.cli.status import print_status
 
     monkeypatch.setenv("COLUMNS", "200")
-    job = {
-        "pid": 7,
-        "name": "ddp",
-        "priority": -100,
-        "priority_name": "low",
-        "gpus": [0, 1],
-        "processes": 3,  # torchrun and its two ranks
-        "mechanism": "auto",
-        "state": "suspended",
-        "active": True,
-        "preemptions": 1,
-        "suspended_seconds": 0.4,
-        "last_suspend_ms": 0.01,
-        "last_mechanism": "gate",
-    }
-    server = {**job, "pid": 9, "name": "srv", "priority": 100, "priority_name": "high",
-              "gpus": [1], "processes": 1, "state": "running"}  # fmt: skip
-    daemon = {"pid": 1, "policy": "hpf", "runtime_dir": "/tmp/x", "lock_available": True}
-    print_status({"daemon": daemon, "tasks": [job, server]})
+    job = _task(
+        pid=7,
+        name="ddp",
+        gpus=[0, 1],
+        processes=3,  # torchrun and its two ranks
+        state="suspended",
+        preemptions=1,
+        suspended_seconds=0.4,
+        last_suspend_ms=0.01,
+        last_mechanism="gate",
+    )
+    server = _task(pid=9, name="srv", priority=100, priority_name="high", gpus=[1], processes=1)
+    print_status({"daemon": DAEMON, "tasks": [job, server]})
     out = capsys.readouterr().out
     assert out.count("ddp (GPUs 0,1; 3 processes)") == 2  # under GPU 0 and under GPU 1
     assert "GPU 0" in out and "GPU 1" in out

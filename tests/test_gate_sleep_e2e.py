@@ -9,24 +9,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import (
+    HOLDING_SERVER,
+    TORCH_COUNTER,
+    Counter,
+    Daemon,
+    gpreempt,
+    spawn,
+    stop_all,
+    wait_for,
+)
 
 pytest.importorskip("torch")
-
-#: A high-priority client that holds one request for 1.5 s once told to, then stays idle.
-SERVER = """
-import sys, time, pathlib
-import gpreempt
-gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
-go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-while not go.exists():
-    time.sleep(0.01)
-with gpreempt.request():
-    inside.touch()
-    time.sleep(1.5)
-inside.unlink()
-time.sleep(60)
-"""
 
 
 def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: Path) -> None:
@@ -41,7 +35,7 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
     script.write_text(TORCH_COUNTER)
     progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
     server_script = tmp_path / "server.py"
-    server_script.write_text(SERVER)
+    server_script.write_text(HOLDING_SERVER)
     low = ("run", "-p", "low", "--name", "trainer", "--", sys.executable, str(script))
     trainer = spawn(runtime_dir, *low, str(progress))
     high = ("run", "-p", "high", "--name", "srv", "--", sys.executable, str(server_script))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import HOLDING_SERVER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -63,21 +63,6 @@ while not all((out / f"closed-{peer}").exists() for peer in (0, 1)):
     time.sleep(0.01)
 """
 
-#: A high-priority server on GPU 1 that holds one request for 1.5 s once told to.
-SERVER = """
-import sys, time, pathlib
-import gpreempt
-gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
-go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-while not go.exists():
-    time.sleep(0.01)
-with gpreempt.request():
-    inside.touch()
-    time.sleep(1.5)
-inside.unlink()
-time.sleep(60)
-"""
-
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
@@ -93,7 +78,7 @@ def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
 ) -> None:
     job_script, server_script = tmp_path / "job.py", tmp_path / "server.py"
     job_script.write_text(DDP_JOB)
-    server_script.write_text(SERVER)
+    server_script.write_text(HOLDING_SERVER)
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     go, inside = tmp_path / "go", tmp_path / "inside"

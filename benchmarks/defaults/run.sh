@@ -13,8 +13,8 @@
 # 1 and 0.5 ms).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
-# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json/report.md
-# go to $OUT/<cell>/; a table is printed. Each cell's Case-B gate counters go to
+# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json goes to
+# $OUT/<cell>/ (table.py prints it); a table is printed. Each cell's Case-B gate counters go to
 # $OUT/<cell>/gate_counters.json.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
@@ -31,7 +31,7 @@ cell() {  # name, timeout s, bench options...
     --out "$work/$name" > "$work/$name.log" 2>&1
   echo "$name rc=$?"
   mkdir -p "$OUT/$name"
-  cp "$work/$name/results.json" "$work/$name/report.md" "$OUT/$name/" 2>/dev/null
+  cp "$work/$name/results.json" "$OUT/$name/" 2>/dev/null
   python3 benchmarks/defaults/gate_counters.py "$work/$name" "$OUT/$name/gate_counters.json"
 }
 for group in "$@"; do

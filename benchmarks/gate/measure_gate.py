@@ -155,15 +155,6 @@ HEAVY_CONFIGS = (
 )
 
 
-def bootstrap_median_ci(values: list[float], draws: int = 2000, seed: int = 0) -> list[float]:
-    """A 95 % interval of the median of ``values`` (percentile bootstrap, fixed seed)."""
-    if len(values) < 2:
-        return [float("nan"), float("nan")]
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return [medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]]
-
-
 def step_time_ratio(
     steps: dict[str, list[list[float]]], name: str, draws: int = 1000, seed: int = 0
 ) -> tuple[float, list[float]]:
@@ -243,7 +234,6 @@ def measure_overhead(
         "paired_ratios": paired,
         "ratio_to_none": {k: statistics.median(v) for k, v in paired.items()},
         "ratio_quartiles": {k: [percentile(v, 25), percentile(v, 75)] for k, v in paired.items()},
-        "ratio_ci95": {k: bootstrap_median_ci(v) for k, v in paired.items()},
         "step_time_ratio": {k: v[0] for k, v in by_step.items()},
         "step_time_ratio_ci95": {k: v[1] for k, v in by_step.items()},
         "gate_stats_last_round": gate_stats,
