@@ -16,6 +16,7 @@ class _Session:
         self.priority = -100
         self.mechanism = mechanism
         self.control = object()
+        self.driver_gate = False
 
     def use_gate(self, gate) -> None:  # noqa: ANN001
         self.gate = gate

@@ -27,7 +27,8 @@ moment none is, without waiting for the daemon to notice and open it: the daemon
 a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
 daemon (:func:`released_by_watch`).
 
-Layout (little endian, 64 bytes):
+Layout (little endian, 128 bytes; ``client/gate/csrc/control_layout.h`` repeats it for the C++
+gates, and a test checks every constant there against this table):
 
 ======  =====  ==================================================================
 offset  type   meaning
@@ -56,6 +57,17 @@ offset  type   meaning
 60      u32    barriers_on: 1 while the gate puts stream barriers, which hold its
                queued work on the GPU; the daemon's driver-lock backstop then
                leaves the task alone (client)
+64      u32    driver_gate: the driver-level gate (CUPTI) of the process: 0 none,
+               1 on (sees and holds every launch), 2 unavailable (CUPTI's
+               subscriber was taken), 3 released to a profiler, 4 failed (client)
+68      u32    driver_asleep: 1 while the driver-level gate's callbacks are off
+               (client)
+72      u64    driver_launches: launches the driver-level gate saw (client)
+80      u64    driver_waits: launches it held (client)
+88      u64    driver_wait_ns: nanoseconds they were held (client)
+96      u64    driver_barriers: stream barriers it put (client)
+104     u32    driver_streams: streams it follows (client)
+108     --     (free up to 128)
 ======  =====  ==================================================================
 """
 
@@ -72,7 +84,7 @@ from typing import Any
 
 from . import futex
 
-SIZE = 64
+SIZE = 128
 #: Seals a control block must carry before the daemon maps it.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: Mode of a control block's inode: only its owner (and root) may reopen it writable.
@@ -94,6 +106,17 @@ OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
 OFF_SLEEP_OK = 56
 OFF_BARRIERS_ON = 60
+OFF_DRIVER_GATE = 64
+OFF_DRIVER_ASLEEP = 68
+OFF_DRIVER_LAUNCHES = 72
+OFF_DRIVER_WAITS = 80
+OFF_DRIVER_WAIT_NS = 88
+OFF_DRIVER_BARRIERS = 96
+OFF_DRIVER_STREAMS = 104
+
+#: ``driver_gate`` values.
+DRIVER_NONE, DRIVER_ON, DRIVER_UNAVAILABLE, DRIVER_RELEASED, DRIVER_FAILED = range(5)
+DRIVER_STATES = ("none", "on", "unavailable", "released", "failed")
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
@@ -136,6 +159,10 @@ class ControlStats:
     wait_seconds: float
     window: int
     gate_installed: bool
+    driver_gate: str = "none"  # one of DRIVER_STATES
+    driver_launches: int = 0
+    driver_waits: int = 0
+    driver_barriers: int = 0
 
 
 class ControlBlock:
@@ -300,7 +327,23 @@ class ControlBlock:
             wait_seconds=_U64.unpack_from(self._map, OFF_WAIT_NS)[0] / 1e9,
             window=self._get32(OFF_WINDOW),
             gate_installed=self._get32(OFF_GATE_INSTALLED) != 0,
+            driver_gate=self.driver_gate,
+            driver_launches=self.driver_launches,
+            driver_waits=_U64.unpack_from(self._map, OFF_DRIVER_WAITS)[0],
+            driver_barriers=_U64.unpack_from(self._map, OFF_DRIVER_BARRIERS)[0],
         )
+
+    @property
+    def driver_gate(self) -> str:
+        """The state of the process's driver-level gate (:data:`DRIVER_STATES`)."""
+        value = self._get32(OFF_DRIVER_GATE)
+        return DRIVER_STATES[value] if value < len(DRIVER_STATES) else "failed"
+
+    @property
+    def driver_launches(self) -> int:
+        """Launches the driver-level gate saw: while it holds the process, this stands still
+        but for one launch per thread (the one it holds)."""
+        return _U64.unpack_from(self._map, OFF_DRIVER_LAUNCHES)[0]
 
     # client side
     @property

@@ -68,11 +68,37 @@ def gate_config_for(priority: int, mechanism: str) -> GateConfig:
     )
 
 
+def adopt_driver_gate(current: session.Session, *, torch_gate: bool) -> bool:
+    """Hand the session's control block to the driver-level gate that ``gpreempt run`` loads
+    for CUDA (:mod:`.gate.driver`), before CUDA starts; False where there is none, or it
+    already opened a channel of its own (CUDA started first)."""
+    if current.driver_gate and not torch_gate:
+        return True
+    from .gate import driver
+
+    if driver.library() is None:
+        return False
+    config = driver.driver_config_for(current.priority, _closes_gate(current.mechanism))
+    control = current.control
+    if not driver.adopt(control.address, control.doorbell, config, torch_gate=torch_gate):
+        return False
+    current.use_driver_gate()
+    return True
+
+
 def install_gate_for(current: session.Session) -> Any:
     """Install the launch gate in this process for the session's task
-    (:func:`gate_config_for`), unless ``GPREEMPT_GATE=0`` or the gate cannot be had."""
+    (:func:`gate_config_for`), unless ``GPREEMPT_GATE=0`` or the gate cannot be had. The
+    driver-level gate, where ``gpreempt run`` loads one, takes the same control block and
+    holds what the operator hook does not see (Triton, CuPy, JAX, extensions)."""
     if current.gate is not None or not _flag(ENV_GATE, True):
         return current.gate
+    if adopt_driver_gate(current, torch_gate=True):
+        import torch
+
+        from .gate.driver import ProfilerHandover
+
+        ProfilerHandover().apply(torch)
     try:
         from .gate import install_gate
 
@@ -106,7 +132,11 @@ def start_barriers_for(current: session.Session) -> Any:
     ``GPREEMPT_GATE`` is not 0; returns them, or None."""
     if current.gate is not None or current.barriers is not None:
         return current.barriers
-    if not _flag(ENV_GATE, True) or not _closes_gate(current.mechanism):
+    if not _flag(ENV_GATE, True):
+        return None
+    if adopt_driver_gate(current, torch_gate=False):
+        return None  # the driver-level gate holds every launch, barriers included
+    if not _closes_gate(current.mechanism):
         return None
     if current.priority >= NAMED["high"]:
         return None  # nothing preempts it: nothing to hold
@@ -120,7 +150,7 @@ def start_barriers_for(current: session.Session) -> Any:
 
 def on_cupy_imported(cupy: ModuleType) -> None:
     if "torch" in sys.modules:
-        return  # PyTorch's gate is (or will be) the process's, barriers included
+        return  # the driver-level gate, adopted with PyTorch's, holds CuPy's launches too
     _arm(start_barriers_for, "stream barriers not started")
 
 

@@ -156,13 +156,22 @@ def _env_with_package(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def child_environment(runtime_dir: Path) -> dict[str, str]:
-    """The command's environment: where the daemon is, and the in-process client on PYTHONPATH."""
+def child_environment(runtime_dir: Path, spec: TaskSpec | None = None) -> dict[str, str]:
+    """The command's environment: where the daemon is, the in-process client on PYTHONPATH,
+    and the driver-level gate in ``CUDA_INJECTION64_PATH`` (for ``spec``'s task)."""
     env = os.environ.copy()
     env[ENV_RUNTIME_DIR] = str(runtime_dir.resolve())
     env[ENV_TASK_ID] = "1"
     parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
+    if spec is not None:
+        from ..mechanisms import kind
+        from .gate.driver import command_environment
+
+        extra, note = command_environment(env, spec.priority, kind(spec.mechanism).closes_gate)
+        env.update(extra)
+        if note:
+            say(note)
     return _env_with_package(env)
 
 
@@ -192,7 +201,7 @@ class Launcher:
             # that it never runs unseen by the daemon; the pid stays the same across exec.
             self.process = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
-                env=child_environment(self.runtime_dir),
+                env=child_environment(self.runtime_dir, self.spec),
                 start_new_session=True,  # never orphaned while stopped (module docstring)
                 pass_fds=(go_r,),
             )

@@ -66,6 +66,8 @@ class Session:
         self.gate: Gate | None = None  # the launch gate, once installed (:meth:`use_gate`)
         #: Stream barriers without a gate (:meth:`use_barriers`), for programs not on PyTorch.
         self.barriers: StreamBarriers | None = None
+        #: Whether the driver-level gate took this session's block (:meth:`use_driver_gate`).
+        self.driver_gate = False
         self._requests = 0
         self._lock = threading.Lock()
         #: Requests stay raised this long after the last one ends (:mod:`.linger`).
@@ -136,6 +138,14 @@ class Session:
             self.gate = gate
             gate.watch([view.address for view in self._watched], self._watch_version)
 
+    def use_driver_gate(self) -> None:
+        """The driver-level gate holds this block: it watches what the daemon said to watch."""
+        from .gate import driver
+
+        with self._watch_lock:
+            self.driver_gate = True
+            driver.set_watch([view.address for view in self._watched], self._watch_version)
+
     def use_barriers(self, barriers: StreamBarriers) -> None:
         """The process's barrier thread runs: it waits for what the daemon said to watch."""
         with self._watch_lock:
@@ -155,7 +165,7 @@ class Session:
         blocks then stay mapped for good (the GPU keeps their pages registered, and a new
         mapping at a reused address would be taken for the old one)."""
         gate = self.gate is not None and self.gate.config.barrier_ms > 0
-        return gate or self.barriers is not None
+        return gate or self.barriers is not None or self.driver_gate
 
     def must_wait(self) -> bool:
         """Whether the process should launch nothing now: its gate is closed (and not only
@@ -200,6 +210,10 @@ class Session:
                 self.gate.watch(addresses, version)
             if self.barriers is not None:
                 self.barriers.watch(addresses, version)
+            if self.driver_gate:
+                from .gate import driver
+
+                driver.set_watch(addresses, version)
             old, self._blocks = self._blocks, blocks
             self._retired += [(now, block.view) for block in old]
             self._watch_version = version

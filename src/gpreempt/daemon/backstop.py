@@ -11,11 +11,16 @@ The delay keeps the lock's cost off the many short preemptions the gate handles 
 call waits for the work already queued (1.5 ms at P50 on an H200). The call runs on a helper
 thread, so the daemon keeps answering while it waits.
 
-A gate that puts stream barriers (``barriers_on`` in its control block) is left alone: the GPU
-itself holds what the process queued behind the last barrier on its stream, work the gate never
-saw included (a graph replay, a Triton kernel of ``torch.compile``, an extension's kernel on the
-current stream), and a lock would wait for that held work until the request ended, then stop
-the task's CPU while it unlocks. Work such a task puts on other streams is not held.
+A task whose gate holds on the GPU (:attr:`Task.held_on_gpu`) is left alone: its driver-level
+gate sees every launch of the process and puts stream barriers on every stream, or its operator
+gate's barriers hold what it queued on its stream; a lock would wait for that held work until the
+request ended, then stop the task's CPU while it unlocks. A driver-level gate that is not on
+(released to a profiler, its CUPTI subscriber taken) leaves work unseen: the lock backs it up.
+
+A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`, the
+launches its driver-level gates saw must stand still (each held thread counts the one launch it
+holds). If they move on, the task's work escaped its gate: that is an ``error`` event, a count in
+its status (``hold_leaks``), and the driver lock for the rest of the suspension.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ from .registry import Registry, Task
 DEFAULT_DELAY_MS = 50.0
 #: How long one backstop lock may wait for the task's queued work.
 LOCK_TIMEOUT_MS = 1000
+#: After this long held, a gated task's launches must stand still.
+SETTLE_MS = 200.0
+#: How often they are looked at, while it stays suspended.
+CHECK_PERIOD_MS = 100.0
+#: Launches a held process may still count per channel (a launch per thread it holds).
+LEAK_SLACK = 16
 
 
 class Backstop:
@@ -86,29 +97,79 @@ class Backstop:
             and task.suspended
             and kind(task.suspended_with).in_process
             and task.preempted_since is not None
-            and not task.barriers_on
+            and not task.held_on_gpu
             and not task.backstop_locked
             and task.task_id not in self._locking
             and task.task_id not in self._failed
         )
 
-    def next_due(self) -> float | None:
-        """Daemon time (monotonic) at which a task next needs its lock, if any does."""
-        if not self.enabled:
-            return None
+    @staticmethod
+    def _checked(task: Task) -> bool:
+        """Whether the task's hold is checked now: its gate holds it, and it has a driver-level
+        gate that counts its launches."""
+        return (
+            task.suspended
+            and kind(task.suspended_with).in_process
+            and task.preempted_since is not None
+            and not task.hold_leaked
+            and task.driver_gate == "on"
+        )
+
+    def next_due(self, now: float | None = None) -> float | None:
+        """Daemon time (monotonic) at which a task next needs its lock or a check, if any."""
+        now = time.monotonic() if now is None else now
         due = [
-            t.preempted_since + self.delay_s
+            max(t.preempted_since + SETTLE_MS / 1e3, now + CHECK_PERIOD_MS / 1e3)
+            if t.hold_baseline is not None
+            else t.preempted_since + SETTLE_MS / 1e3
             for t in self.registry.tasks.values()
-            if self._eligible(t)
+            if self._checked(t) and t.preempted_since is not None
         ]
+        if self.enabled:
+            due += [
+                t.preempted_since + self.delay_s
+                for t in self.registry.tasks.values()
+                if self._eligible(t) and t.preempted_since is not None
+            ]
         return min(due) if due else None
 
+    def check_holds(self, now: float) -> None:
+        """Find suspensions whose work goes on (module docstring)."""
+        for task in self.registry.tasks.values():
+            if not self._checked(task) or task.preempted_since is None:
+                continue
+            if now < task.preempted_since + SETTLE_MS / 1e3:
+                continue
+            launches = task.driver_launches
+            if task.hold_baseline is None:
+                task.hold_baseline = launches
+                continue
+            moved = launches - task.hold_baseline
+            if moved <= LEAK_SLACK * max(1, len(task.controls)):
+                continue
+            task.hold_leaked = True
+            task.hold_leaks += 1
+            fallback = "the driver lock backs it up" if self.enabled else "no driver lock here"
+            self.events.write(
+                "error",
+                **task.event_fields(),
+                mechanism=task.suspended_with,
+                reason=(
+                    f"its suspension does not hold: {moved} launches while its gate was "
+                    f"closed; {fallback}"
+                ),
+            )
+
     def apply(self, now: float) -> None:
-        """Start locking every task held by its gate for the delay or longer."""
+        """Check the holds; start locking every task held by its gate for the delay or longer
+        (at once for one whose hold leaks)."""
+        self.check_holds(now)
         if not self.enabled:
             return
         for task in list(self.registry.tasks.values()):
-            if self._eligible(task) and now >= task.preempted_since + self.delay_s:
+            if self._eligible(task) and (
+                task.hold_leaked or now >= task.preempted_since + self.delay_s
+            ):
                 self._locking.add(task.task_id)
                 thread = threading.Thread(
                     target=self._lock, args=(task.task_id, task.pid), daemon=True
@@ -174,6 +235,8 @@ class Backstop:
 
     def release(self, task: Task) -> None:
         """Before ``task`` resumes: lift its lock, or have it lifted once it is taken."""
+        task.hold_baseline = None
+        task.hold_leaked = False
         self._failed.discard(task.task_id)
         if task.task_id in self._locking:
             self._cancelled.add(task.task_id)

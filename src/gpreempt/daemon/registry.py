@@ -76,6 +76,13 @@ class Task:
     #: Why the policy's last suspension of it failed, while the policy still wants it
     #: suspended (state ``unprotected``); None otherwise.
     suspend_error: str | None = None
+    #: Launches its driver-level gates had seen once its gate had held it a moment, this
+    #: suspension (backstop.py checks that they stand still); None before.
+    hold_baseline: int | None = None
+    #: Its GPU work went on while its gate was closed, this suspension (backstop.py).
+    hold_leaked: bool = False
+    #: Suspensions whose hold was found to leak, since it registered.
+    hold_leaks: int = 0
 
     def add_gpu(self, gpu: int) -> None:
         """Count the task on ``gpu`` too: a process of it (a rank of a multi-GPU job) said it
@@ -102,6 +109,30 @@ class Task:
     def barriers_on(self) -> bool:
         """Whether its gate puts stream barriers: the GPU holds its queued work by itself."""
         return any(c.barriers_on for c in self.controls.values())
+
+    @property
+    def driver_gate(self) -> str:
+        """Its processes' driver-level gate: ``on`` where every one that has one holds with it,
+        else the state of one that does not (``released``, ``unavailable``, ``failed``);
+        ``none`` where none has one."""
+        states = {c.driver_gate for c in self.controls.values()} - {"none"}
+        if not states:
+            return "none"
+        return "on" if states == {"on"} else sorted(states - {"on"})[0]
+
+    @property
+    def held_on_gpu(self) -> bool:
+        """Whether, its gate closed, nothing it queued can run on: its driver-level gate sees
+        and holds every launch, or (without one) its operator gate's barriers hold its queue;
+        and no check found its work going on. Else the driver lock backs its gate up."""
+        if self.hold_leaked or self.driver_gate not in ("on", "none"):
+            return False
+        return self.barriers_on or self.driver_gate == "on"
+
+    @property
+    def driver_launches(self) -> int:
+        """Launches its driver-level gates saw, over its processes."""
+        return sum(c.driver_launches for c in self.controls.values() if c.driver_gate == "on")
 
     @property
     def hinted(self) -> bool:
@@ -202,6 +233,10 @@ class Task:
                 # barriers put by a thread of the gate)
                 "barriers": self.barriers_on,
                 "sleep_ok": self.sleep_ok,
+                # the driver-level gate: on, none, released (to a profiler), unavailable
+                "driver": self.driver_gate,
+                "driver_launches": sum(c.driver_launches for c in self.controls.values()),
+                "hold_leaks": self.hold_leaks,
             }
         return {
             "task_id": self.task_id,

@@ -1,0 +1,192 @@
+// The driver-level gate's own channel to the daemon, for a process with no Python client: a C++
+// program, or a Python one whose CUDA started before the client opened its session (JAX).
+//
+// It speaks the client's protocol (gpreempt/protocol.py): one JSON line per message on the
+// daemon's unix socket, the control block (a sealed memfd, mode 0600) and the doorbell (an
+// eventfd) passed as descriptors beside {"op":"channel"}. The daemon finds the task from the
+// process's ancestry, checked with SO_PEERCRED. The daemon's watch lists are not mapped here: a
+// less important task of this kind stops when the daemon closes its gate. If the daemon goes
+// away the gate opens at once, and the block is handed to the next daemon that answers, as the
+// Python client does.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "driver_gate.h"
+
+namespace gpreempt_driver {
+
+namespace {
+
+constexpr const char* kSocketName = "gpreempt.sock";
+
+int memfd = -1;
+
+double env_double(const char* name, double fallback) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const double d = strtod(v, &end);
+  return end != v ? d : fallback;
+}
+
+bool make_block(Gate& g) {
+  memfd = static_cast<int>(syscall(SYS_memfd_create, "gpreempt-control",
+                                   MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (memfd < 0 || fchmod(memfd, 0600) != 0 || ftruncate(memfd, kSize) != 0 ||
+      fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return false;
+  }
+  void* p = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (p == MAP_FAILED) {
+    return false;
+  }
+  g.doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g.doorbell < 0) {
+    return false;
+  }
+  g.ctl.store(static_cast<uint8_t*>(p), std::memory_order_release);
+  return true;
+}
+
+// A connected socket on which the daemon took the block, or -1.
+int connect_channel() {
+  const char* dir = getenv("GPREEMPT_RUNTIME_DIR");
+  if (dir == nullptr) {
+    return -1;
+  }
+  const std::string path = std::string(dir) + "/" + kSocketName;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return -1;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return -1;
+  }
+  timeval timeout{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  static const char kRequest[] = "{\"op\":\"channel\",\"nfds\":2}\n";
+  iovec iov{const_cast<char*>(kRequest), sizeof(kRequest) - 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {memfd, gate().doorbell};
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  std::string reply;
+  if (sendmsg(fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(iov.iov_len)) {
+    char ch = 0;
+    while (reply.size() < 65536 && recv(fd, &ch, 1, 0) == 1 && ch != '\n') {
+      reply.push_back(ch);
+    }
+  }
+  if (reply.find("\"ok\":true") == std::string::npos) {
+    close(fd);
+    return -1;
+  }
+  timeval none{0, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  return fd;
+}
+
+// Opens the gate for good (the daemon that closed it is gone) and wakes a waiting launch.
+void open_gate(Gate& g) {
+  uint8_t* ctl = g.ctl.load();
+  store32(ctl, kOffGateClosed, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(ctl + kOffGateClosed), FUTEX_WAKE, 1 << 30,
+          nullptr, nullptr, 0);
+}
+
+// Reads (and drops) the daemon's pushes until it goes away, then opens the gate and hands the
+// block to the next daemon.
+void channel_loop(int fd) {
+  Gate& g = gate();
+  for (;;) {
+    char buffer[4096];
+    alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+    iovec iov{buffer, sizeof(buffer)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int received = -1;
+          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          close(received);
+        }
+      }
+    }
+    if (n > 0 || (n < 0 && errno == EINTR)) {
+      continue;
+    }
+    close(fd);
+    open_gate(g);
+    do {
+      sleep(1);
+      fd = connect_channel();
+    } while (fd < 0);
+  }
+}
+
+}  // namespace
+
+Config config_from_environment() {
+  // gpreempt run writes these for its command (gpreempt.client.gate.driver.config_environment)
+  Config c;
+  c.bound = env_double("GPREEMPT_DRIVER_BOUND", 1.0) != 0.0;
+  c.auto_activity = env_double("GPREEMPT_DRIVER_ACTIVITY", 1.0) != 0.0;
+  c.barrier_us = env_double("GPREEMPT_DRIVER_BARRIER_US", c.barrier_us);
+  c.window_ms = env_double("GPREEMPT_DRIVER_WINDOW_MS", c.window_ms);
+  c.idle_grace_ms = env_double("GPREEMPT_DRIVER_GRACE_MS", c.idle_grace_ms);
+  return c;
+}
+
+bool open_own_channel(Gate& g) {
+  if (!make_block(g)) {
+    return false;
+  }
+  const int fd = connect_channel();
+  std::thread([fd]() {
+    int first = fd;
+    while (first < 0) {
+      sleep(1);
+      first = connect_channel();
+    }
+    channel_loop(first);
+  }).detach();
+  return fd >= 0;
+}
+
+}  // namespace gpreempt_driver

@@ -1,0 +1,144 @@
+// The driver-level launch gate: what its three files share.
+//
+// The CUDA driver loads this library into every process of a task that `gpreempt run` starts
+// (CUDA_INJECTION64_PATH) and calls InitializeInjection at cuInit. From there CUPTI's callback
+// API calls before_launch/after_launch on the launching thread for every kernel launch, graph
+// launch and asynchronous copy or memset of the process, whatever issued it: PyTorch, Triton,
+// CuPy, JAX, TensorFlow or a C++ program. The gate then does what the PyTorch operator gate does
+// for operators, for every launch:
+//   * driver_hold.cpp: wait while the control block's gate_closed says so (or a watched, more
+//     important task is active and no stream barrier holds this task), count launches, put
+//     stream barriers (waits on the gate word, on the GPU) on each stream it sees, spaced by
+//     the GPU time they hold, and bound the work in flight;
+//   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
+//     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
+//     the functions the Python client calls (ctypes);
+//   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
+//     the gate's own channel to the daemon, with the same control block protocol.
+#pragma once
+
+#include <cuda.h>
+#include <cupti.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "control_layout.h"
+
+namespace gpreempt_driver {
+
+using namespace gpreempt_layout;
+
+// Settings, from the Python client (adopt) or the environment (own channel).
+struct Config {
+  bool bound = true;          // may be preempted: barriers and a bounded queue
+  bool auto_activity = false;  // publish auto_active from the launches (tasks that preempt)
+  bool torch_gate = false;    // PyTorch's operator gate also runs here (it publishes activity)
+  double barrier_us = 100.0;  // GPU time between two barriers on a stream; 0 = no barriers
+  double window_ms = 25.0;    // GPU time in flight at most on a stream
+  double idle_grace_ms = 2.0;  // quiet time before auto_active drops
+};
+
+constexpr size_t kMaxWatched = 8;
+struct WatchList {
+  size_t n = 0;
+  const uint8_t* blocks[kMaxWatched] = {};
+  uint32_t version = 0;  // 0 = incomplete: never matches a closed-while-watched word
+};
+
+// One barrier's event and the launches of its span.
+struct Mark {
+  CUevent event = nullptr;
+  uint64_t launches = 0;
+  bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
+};
+
+struct StreamState {
+  CUcontext context = nullptr;
+  uint64_t since_mark = 0;     // launches since the last mark
+  uint64_t spacing = 8;        // launches between two marks, from the learned cost
+  double ns_per_launch = 0.0;  // learned GPU time per launch (0 = not yet)
+  bool dirty = false;          // launched since its last event (activity)
+  std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
+};
+
+struct Gate {
+  std::atomic<uint8_t*> ctl{nullptr};
+  int doorbell = -1;
+  Config cfg;
+  std::atomic<const WatchList*> watch{nullptr};
+  std::atomic<bool> adopted{false};     // the block is the Python client's
+  std::atomic<bool> initialized{false};  // InitializeInjection ran
+  std::atomic<bool> barriers_ok{true};  // a barrier failed: off for good
+  std::atomic<int64_t> last_launch_ns{0};
+  std::atomic<uint32_t> active{0};
+  std::mutex mu;  // streams, events
+  std::unordered_map<CUstream, StreamState> streams;
+  std::deque<CUevent> spare_events;
+  std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
+};
+
+Gate& gate();
+
+// The driver functions the gate calls, from the libcuda the process has loaded (the library is
+// loaded by that driver; linking to it would need its development files where it is built).
+// Each is looked up under the name cuda.h maps it to (cuEventDestroy -> cuEventDestroy_v2, ...).
+#define GP_CU_FUNCTIONS(X)                                                                  \
+  X(cuCtxGetCurrent)                                                                   \
+  X(cuCtxPopCurrent)                                                                   \
+  X(cuCtxPushCurrent)                                                                  \
+  X(cuEventCreate)                                                                     \
+  X(cuEventDestroy)                                                                    \
+  X(cuEventElapsedTime)                                                                \
+  X(cuEventQuery)                                                                      \
+  X(cuEventRecord)                                                                     \
+  X(cuEventSynchronize)                                                                \
+  X(cuMemHostGetDevicePointer)                                                         \
+  X(cuMemHostRegister)                                                                 \
+  X(cuStreamIsCapturing)                                                               \
+  X(cuStreamWaitValue32)                                                               \
+  X(cuThreadExchangeStreamCaptureMode)
+
+struct CuApi {
+#define GP_CU_MEMBER(name) decltype(&::name) name = nullptr;
+  GP_CU_FUNCTIONS(GP_CU_MEMBER)
+#undef GP_CU_MEMBER
+};
+// Null until cu_load() found every function.
+const CuApi* cu();
+bool cu_load();
+
+inline uint32_t load32(const uint8_t* base, size_t off) {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
+}
+inline void store32(uint8_t* base, size_t off, uint32_t v) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+inline void add64(uint8_t* base, size_t off, uint64_t v) {
+  __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+
+int64_t now_ns();
+void ring(Gate& g);
+void publish_state(uint32_t state);
+bool watched_active(const WatchList* w);
+bool must_wait(Gate& g, uint32_t word, const WatchList* w);
+
+// driver_hold.cpp
+void before_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
+void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
+void forget_stream(CUstream stream);
+// Activity: auto_active drops once the process launched nothing for the grace time and its
+// GPU work completed. Called by the background thread.
+void check_idle(Gate& g, int64_t now);
+
+// driver_channel.cpp
+// A control block and a channel of the gate's own, for a process that has no Python client;
+// false (and nothing changed) where the daemon cannot be reached.
+bool open_own_channel(Gate& g);
+Config config_from_environment();
+
+}  // namespace gpreempt_driver

@@ -1,0 +1,315 @@
+// The driver-level gate's entry points: InitializeInjection (the CUDA driver's tools interface,
+// CUDA_INJECTION64_PATH), the CUPTI callback, the thread that sleeps and wakes the gate, and
+// the functions the Python client calls through ctypes.
+//
+// CUPTI allows one callback subscriber per process. We take it at cuInit; a profiler started
+// later in the process (torch.profiler, Kineto) needs it too: the Python client releases it
+// (gpreempt_driver_release) for the profiler's lifetime and takes it back afterwards
+// (gpreempt_driver_resume). The control block's driver_gate word says which holds, and the
+// daemon backs a gate that does not hold with the driver lock.
+#include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "driver_gate.h"
+
+namespace gpreempt_driver {
+
+Gate& gate() {
+  static Gate* g = new Gate();  // never destroyed: callbacks may run during exit
+  return *g;
+}
+
+namespace {
+const CuApi* loaded_api = nullptr;
+}  // namespace
+
+const CuApi* cu() { return loaded_api; }
+
+bool cu_load() {
+  if (loaded_api != nullptr) {
+    return true;
+  }
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) {
+    return false;
+  }
+  auto* api = new CuApi();
+  bool complete = true;
+#define GP_STR2(x) #x
+#define GP_STR(x) GP_STR2(x)
+#define GP_CU_LOAD(name)                                                         \
+  api->name = reinterpret_cast<decltype(api->name)>(dlsym(lib, GP_STR(name))); \
+  complete = complete && api->name != nullptr;
+  GP_CU_FUNCTIONS(GP_CU_LOAD)
+#undef GP_CU_LOAD
+  if (!complete) {
+    delete api;
+    return false;
+  }
+  loaded_api = api;
+  return true;
+}
+
+namespace {
+
+// The driver calls the gate holds: every way to queue work on a GPU.
+constexpr CUpti_CallbackId kHeld[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8Async_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D32Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D32Async_ptsz,
+};
+constexpr CUpti_CallbackId kStreamGone[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
+};
+
+std::mutex cupti_mu;  // the subscriber and the enabled callbacks
+CUpti_SubscriberHandle subscriber = nullptr;
+std::atomic<uint32_t> state{kDriverNone};
+std::atomic<bool> asleep{false};
+
+void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
+                             CUpti_CallbackId cbid, const void* cbdata) {
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
+    return;
+  }
+  const auto* data = static_cast<const CUpti_CallbackData*>(cbdata);
+  if (cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy ||
+      cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2) {
+    if (data->callbackSite == CUPTI_API_ENTER) {
+      forget_stream(*static_cast<const CUstream*>(data->functionParams));
+    }
+    return;
+  }
+  if (data->callbackSite == CUPTI_API_ENTER) {
+    before_launch(cbid, data);
+  } else {
+    after_launch(cbid, data);
+  }
+}
+
+// cupti_mu held.
+bool enable_held(bool on) {
+  bool ok = true;
+  for (CUpti_CallbackId id : kHeld) {
+    ok = cuptiEnableCallback(on ? 1 : 0, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) ==
+             CUPTI_SUCCESS &&
+         ok;
+  }
+  return ok;
+}
+
+// cupti_mu held.
+uint32_t subscribe() {
+  const CUptiResult r = cuptiSubscribe(&subscriber, on_driver_call, nullptr);
+  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    subscriber = nullptr;
+    return kDriverUnavailable;
+  }
+  if (r != CUPTI_SUCCESS) {
+    subscriber = nullptr;
+    return kDriverFailed;
+  }
+  bool ok = true;
+  for (CUpti_CallbackId id : kStreamGone) {
+    ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
+  }
+  ok = enable_held(true) && ok;
+  asleep.store(false);
+  if (!ok) {
+    cuptiUnsubscribe(subscriber);
+    subscriber = nullptr;
+    return kDriverFailed;
+  }
+  return kDriverOn;
+}
+
+// Whether the gate may switch its callbacks off: nobody more important on its GPU has been
+// active for a while (the daemon's sleep_ok), its gate is open, no watched task is active, and
+// it needs no launch to tell its own activity (the operator gate or request() does that).
+bool may_sleep(Gate& g, const uint8_t* ctl) {
+  const bool needs_launches = g.cfg.auto_activity && !g.cfg.torch_gate && load32(ctl, kOffHinted) == 0;
+  return !needs_launches && load32(ctl, kOffSleepOk) != 0 && load32(ctl, kOffGateClosed) == 0 &&
+         !watched_active(g.watch.load(std::memory_order_acquire));
+}
+
+void background() {
+  pthread_setname_np(pthread_self(), "gpreempt-drv");
+  Gate& g = gate();
+  for (;;) {
+    uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+    const int64_t now = now_ns();
+    if (ctl != nullptr && state.load() == kDriverOn) {
+      const bool sleepy = may_sleep(g, ctl);
+      if (sleepy != asleep.load()) {
+        std::lock_guard<std::mutex> lock(cupti_mu);
+        if (subscriber != nullptr && enable_held(!sleepy)) {
+          asleep.store(sleepy);
+          store32(ctl, kOffDriverAsleep, sleepy ? 1 : 0);
+        }
+      }
+      check_idle(g, now);
+    }
+    timespec pause{0, asleep.load() ? 200000 : 250000};
+    nanosleep(&pause, nullptr);
+  }
+}
+
+void after_fork_in_child() {
+  // The child shares the parent's control block mapping but is not the process it describes;
+  // CUDA does not work in a forked child anyway.
+  gate().ctl.store(nullptr);
+}
+
+}  // namespace
+
+void publish_state(uint32_t s) {
+  state.store(s);
+  uint8_t* ctl = gate().ctl.load(std::memory_order_acquire);
+  if (ctl != nullptr) {
+    store32(ctl, kOffDriverGate, s);
+    if (s == kDriverOn && !gate().cfg.torch_gate && gate().cfg.bound) {
+      store32(ctl, kOffInstalled, 1);
+    }
+  }
+}
+
+}  // namespace gpreempt_driver
+
+using namespace gpreempt_driver;
+
+extern "C" {
+
+// Called by the CUDA driver at cuInit in every process that has CUDA_INJECTION64_PATH.
+__attribute__((visibility("default"))) int InitializeInjection() {
+  Gate& g = gate();
+  if (g.initialized.exchange(true)) {
+    return 1;
+  }
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  uint32_t s = kDriverFailed;
+  if (cu_load()) {
+    std::lock_guard<std::mutex> lock(cupti_mu);
+    s = subscribe();
+  }
+  if (g.ctl.load() == nullptr && getenv("GPREEMPT_TASK_ID") != nullptr) {
+    g.cfg = config_from_environment();
+    open_own_channel(g);
+  }
+  publish_state(s);
+  std::thread(background).detach();
+  return 1;
+}
+
+// The Python client hands its control block over before CUDA starts: 1 if taken, 0 if the gate
+// already has a block (its own channel, opened at cuInit).
+__attribute__((visibility("default"))) int gpreempt_driver_adopt(
+    uintptr_t control, int doorbell, int bound, int auto_activity, int torch_gate,
+    double barrier_us, double window_ms, double idle_grace_ms) {
+  Gate& g = gate();
+  uint8_t* const ctl = reinterpret_cast<uint8_t*>(control);
+  if (g.ctl.load() == ctl && g.adopted.load()) {
+    g.cfg.torch_gate = g.cfg.torch_gate || torch_gate != 0;  // PyTorch came after CuPy
+    return 1;
+  }
+  if (g.ctl.load() != nullptr) {
+    return 0;
+  }
+  g.cfg.bound = bound != 0;
+  g.cfg.auto_activity = auto_activity != 0;
+  g.cfg.torch_gate = torch_gate != 0;
+  g.cfg.barrier_us = barrier_us;
+  g.cfg.window_ms = window_ms;
+  g.cfg.idle_grace_ms = idle_grace_ms;
+  g.doorbell = dup(doorbell);
+  g.adopted.store(true);
+  g.ctl.store(ctl, std::memory_order_release);
+  if (g.initialized.load()) {
+    publish_state(state.load());
+  }
+  return 1;
+}
+
+// The watched tasks' control blocks (read-only mappings the client keeps), and the version of
+// the daemon's list. A list is never freed: a launch may be reading it.
+__attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uintptr_t* blocks,
+                                                                       size_t n,
+                                                                       uint32_t version) {
+  auto* list = new WatchList();
+  list->n = n < kMaxWatched ? n : kMaxWatched;
+  for (size_t i = 0; i < list->n; ++i) {
+    list->blocks[i] = reinterpret_cast<const uint8_t*>(blocks[i]);
+  }
+  list->version = n <= kMaxWatched ? version : 0;
+  gate().watch.store(n == 0 ? nullptr : list, std::memory_order_release);
+}
+
+// Hands CUPTI to a profiler: the gate holds nothing until gpreempt_driver_resume.
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
+  std::lock_guard<std::mutex> lock(cupti_mu);
+  if (subscriber != nullptr) {
+    cuptiUnsubscribe(subscriber);
+    subscriber = nullptr;
+    publish_state(kDriverReleased);
+  }
+  return state.load();
+}
+
+// Takes CUPTI back after a profiler; the state says whether it could.
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_resume() {
+  std::lock_guard<std::mutex> lock(cupti_mu);
+  if (subscriber == nullptr && gate().initialized.load()) {
+    const uint32_t s = subscribe();
+    publish_state(s == kDriverUnavailable ? kDriverReleased : s);
+  }
+  return state.load();
+}
+
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_state() { return state.load(); }
+
+__attribute__((visibility("default"))) int gpreempt_driver_initialized() {
+  return gate().initialized.load() ? 1 : 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,153 @@
+"""Building the driver-level gate (``csrc/driver_*.cpp``) for ``CUDA_INJECTION64_PATH``.
+
+The library is plain C++ against the CUDA driver and CUPTI headers (``cuda.h``, ``cupti.h``,
+``generated_cuda_meta.h``), linked to ``libcupti``; the driver's own functions are looked up in the ``libcuda`` that loads it.
+No PyTorch, no nvcc. It is
+compiled once per user and source (about 2 s with g++) into the same cache as the operator
+gate (:func:`gpreempt.client.gate.build.cache_root`), under a lock the kernel drops with its
+holder. The headers and libraries are found in ``$CUDA_HOME`` (or ``$CUDA_PATH``), the usual
+toolkit places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``,
+``nvidia/cuda_cupti``, ``nvidia/cuda_runtime``). Build it ahead of time (a container image)
+with ``python -m gpreempt.client.gate.driver_build``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from .build import cache_root
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
+HEADERS = tuple(sorted(CSRC.glob("*.h")))
+LIBRARY_PREFIX = "libgpreempt_driver_"
+#: Headers the library needs, all in one include directory or split over a few.
+NEEDED_HEADERS = ("cuda.h", "cupti.h", "generated_cuda_meta.h")
+
+
+class DriverGateUnavailable(RuntimeError):
+    """The driver-level gate cannot be built here; the message says why, in one line."""
+
+
+def _toolkit_roots() -> list[Path]:
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    found = [Path(r) for r in roots if r]
+    found += [Path(p) for p in sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    purelib = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    for sub in ("cu13", "cu12", "cuda_cupti", "cuda_runtime", "cuda_nvcc"):
+        found.append(purelib / sub)
+    for extra in list(found):
+        found.append(extra / "extras" / "CUPTI")
+    return [r for r in found if r.is_dir()]
+
+
+def find_include_dirs(roots: list[Path] | None = None) -> list[Path]:
+    """Include directories that hold every header of :data:`NEEDED_HEADERS` between them."""
+    dirs: list[Path] = []
+    missing = set(NEEDED_HEADERS)
+    for root in _toolkit_roots() if roots is None else roots:
+        for include in (root / "include", root / "targets" / "x86_64-linux" / "include"):
+            have = {h for h in missing if (include / h).is_file()}
+            if have:
+                dirs.append(include)
+                missing -= have
+    if missing:
+        raise DriverGateUnavailable(
+            f"no CUDA toolkit headers ({', '.join(sorted(missing))}) in $CUDA_HOME, "
+            "/usr/local/cuda or the nvidia wheels"
+        )
+    return dirs
+
+
+def find_library_dir(name: str, roots: list[Path] | None = None) -> Path:
+    """The directory of ``lib<name>.so*`` in the toolkit or the system."""
+    places: list[Path] = []
+    for root in _toolkit_roots() if roots is None else roots:
+        places += [root / "lib64", root / "lib", root / "lib64" / "stubs", root / "lib" / "stubs"]
+    places += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib")]
+    for place in places:
+        if any(place.glob(f"lib{name}.so*")):
+            return place
+    raise DriverGateUnavailable(f"no lib{name}.so in the CUDA toolkit or the system")
+
+
+def _link_flag(directory: Path, name: str) -> str:
+    """``-l`` for the library: the plain name where a ``.so`` link exists, else its file."""
+    if (directory / f"lib{name}.so").exists():
+        return f"-l{name}"
+    versions = sorted(directory.glob(f"lib{name}.so.*"))
+    return f"-l:{versions[0].name}"
+
+
+def library_name(include_dirs: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    for include in include_dirs:
+        digest.update(str(include).encode())
+    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
+
+
+def build(*, quiet: bool = True) -> Path:
+    """The built library (compiled now if not cached); raises DriverGateUnavailable."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise DriverGateUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    includes = find_include_dirs()
+    cupti = find_library_dir("cupti")
+    directory = cache_root().parent / "driver_gate"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise DriverGateUnavailable(f"cannot create {directory}: {exc.strerror}") from None
+    target = directory / library_name(includes)
+    if target.exists():
+        return target
+    fd = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        if not quiet:
+            print(f"gpreempt: building the driver-level gate in {directory}", file=sys.stderr)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        command = [
+            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+            *[f"-I{d}" for d in includes], *map(str, SOURCES), "-o", str(partial),
+            f"-L{cupti}", _link_flag(cupti, "cupti"), f"-Wl,-rpath,{cupti}",
+            "-ldl", "-lpthread", "-Wl,-z,defs",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            (directory / "build.log").write_text(" ".join(command) + "\n" + result.stderr)
+            raise DriverGateUnavailable(
+                f"compiling the driver-level gate failed; see {directory / 'build.log'}"
+            )
+        os.replace(partial, target)
+        return target
+    finally:
+        os.close(fd)
+
+
+def main() -> int:
+    """Build the library now (``python -m gpreempt.client.gate.driver_build``)."""
+    try:
+        path = build(quiet=False)
+    except DriverGateUnavailable as exc:
+        print(f"gpreempt: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpreempt: driver-level gate ready: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
