@@ -58,7 +58,7 @@ def test_every_offset_of_control_py_is_in_the_header() -> None:
 def test_words_do_not_overlap_and_fit() -> None:
     widths = {n: 8 if n in _U64_WORDS else 4 for n in dir(control) if n.startswith("OFF_")}
     spans = sorted((getattr(control, n), getattr(control, n) + w) for n, w in widths.items())
-    for (_a, end), (start, _b) in zip(spans, spans[1:]):
+    for (_a, end), (start, _b) in zip(spans, spans[1:], strict=False):
         assert end <= start
     assert spans[-1][1] <= control.SIZE
 

@@ -176,7 +176,8 @@ class ProfilerHandover:
         self._undo: list[tuple[Any, str, Any]] = []
 
     def apply(self, torch: Any) -> None:
-        profile = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "profile", None)
+        autograd_profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
+        profile = getattr(autograd_profiler, "profile", None)
         if profile is None or library() is None:
             return
         for name, before in (("_prepare_trace", True), ("_start_trace", True),

@@ -1,9 +1,8 @@
 """Building the driver-level gate (``csrc/driver_*.cpp``) for ``CUDA_INJECTION64_PATH``.
 
 The library is plain C++ against the CUDA driver and CUPTI headers (``cuda.h``, ``cupti.h``,
-``generated_cuda_meta.h``), linked to ``libcupti``; the driver's own functions are looked up in the ``libcuda`` that loads it.
-No PyTorch, no nvcc. It is
-compiled once per user and source (about 2 s with g++) into the same cache as the operator
+``generated_cuda_meta.h``), linked to ``libcupti``; the driver's own functions are looked up in
+the ``libcuda`` that loads it. No PyTorch, no nvcc. It is compiled once per user and source (about 2 s with g++) into the same cache as the operator
 gate (:func:`gpreempt.client.gate.build.cache_root`), under a lock the kernel drops with its
 holder. The headers and libraries are found in ``$CUDA_HOME`` (or ``$CUDA_PATH``), the usual
 toolkit places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``,
