@@ -2,12 +2,13 @@
 
 The library is plain C++ against the CUDA driver and CUPTI headers (``cuda.h``, ``cupti.h``,
 ``generated_cuda_meta.h``), linked to ``libcupti``; the driver's own functions are looked up in
-the ``libcuda`` that loads it. No PyTorch, no nvcc. It is compiled once per user and source (about 2 s with g++) into the same cache as the operator
-gate (:func:`gpreempt.client.gate.build.cache_root`), under a lock the kernel drops with its
-holder. The headers and libraries are found in ``$CUDA_HOME`` (or ``$CUDA_PATH``), the usual
-toolkit places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``,
-``nvidia/cuda_cupti``, ``nvidia/cuda_runtime``). Build it ahead of time (a container image)
-with ``python -m gpreempt.client.gate.driver_build``.
+the ``libcuda`` that loads it. No PyTorch, no nvcc. It is compiled once per user and source
+(about 2 s with g++) into the same cache as the operator gate
+(:func:`gpreempt.client.gate.build.cache_root`), under a lock the kernel drops with its holder.
+The headers and libraries are found in ``$CUDA_HOME`` (or ``$CUDA_PATH``), the usual toolkit
+places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``, ``nvidia/cuda_cupti``,
+``nvidia/cuda_runtime``). Build it ahead of time (a container image) with
+``python -m gpreempt.client.gate.driver_build``.
 """
 
 from __future__ import annotations
