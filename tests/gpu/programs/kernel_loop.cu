@@ -1,0 +1,118 @@
+// A CUDA C++ program that is not Python at all, for the driver-level gate's GPU tests: it
+// launches short kernels that count on a counter in host-mapped memory, so its GPU progress
+// can be read without a CUDA call, and writes that count to a file every 20 ms.
+//   kernel_loop PROGRESS_FILE MODE SECONDS
+// MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
+// threads, each its own stream), graph (a captured graph of 16 kernels, replayed).
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+__global__ void bump(unsigned long long* counter, long long spin) {
+  const long long start = clock64();
+  while (clock64() - start < spin) {
+  }
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    atomicAdd(counter, 1ULL);
+  }
+}
+
+static void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: kernel_loop PROGRESS_FILE MODE SECONDS\n");
+    return 2;
+  }
+  const std::string path = argv[1], mode = argv[2];
+  const double seconds = std::atof(argv[3]);
+  unsigned long long* host = nullptr;
+  unsigned long long* device = nullptr;
+  check(cudaHostAlloc(&host, sizeof(*host), cudaHostAllocMapped), "cudaHostAlloc");
+  *host = 0;
+  check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+  const long long spin = 50000;  // about 30 us
+  std::atomic<bool> done{false};
+  std::thread reporter([&]() {
+    const std::string tmp = path + ".tmp";
+    while (!done.load()) {
+      if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+        std::fprintf(f, "%llu", *reinterpret_cast<volatile unsigned long long*>(host));
+        std::fclose(f);
+        std::rename(tmp.c_str(), path.c_str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto running = [&]() { return std::chrono::steady_clock::now() < end; };
+  auto loop_on = [&](cudaStream_t s) {
+    for (int i = 0; running(); ++i) {
+      bump<<<1, 32, 0, s>>>(device, spin);
+      if (i % 64 == 63) {
+        check(cudaStreamSynchronize(s), "sync");
+      }
+    }
+    check(cudaStreamSynchronize(s), "sync");
+  };
+  if (mode == "default") {
+    loop_on(0);
+  } else if (mode == "streams") {
+    cudaStream_t a, b;
+    check(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream");
+    check(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream");
+    for (int i = 0; running(); ++i) {
+      bump<<<1, 32, 0, (i & 1) ? a : b>>>(device, spin);
+      if (i % 64 == 63) {
+        check(cudaDeviceSynchronize(), "sync");
+      }
+    }
+    check(cudaDeviceSynchronize(), "sync");
+  } else if (mode == "threads") {
+    std::thread other([&]() {
+      cudaStream_t s;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+      loop_on(s);
+    });
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    loop_on(s);
+    other.join();
+  } else if (mode == "graph") {
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+    for (int i = 0; i < 16; ++i) {
+      bump<<<1, 32, 0, s>>>(device, spin);
+    }
+    check(cudaStreamEndCapture(s, &graph), "end capture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int i = 0; running(); ++i) {
+      check(cudaGraphLaunch(exec, s), "graph launch");
+      if (i % 4 == 3) {
+        check(cudaStreamSynchronize(s), "sync");
+      }
+    }
+    check(cudaStreamSynchronize(s), "sync");
+  } else {
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+  done.store(true);
+  reporter.join();
+  std::printf("%llu\n", *host);
+  return 0;
+}

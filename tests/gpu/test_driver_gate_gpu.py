@@ -1,0 +1,125 @@
+"""The driver-level gate on a real GPU: programs the operator hook never sees are held.
+
+Each program runs under ``gpreempt run --priority low`` with nothing else set, writes the
+progress it makes *on the GPU* to a file (a counter in host-mapped memory that its kernels
+bump, or its completed steps), and is held by hand (``gpreempt suspend``): its progress must
+stand still while held, the daemon must not have needed the driver lock nor found a leak, and
+it must go on once resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import gpreempt, spawn, stop_all, wait_for
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
+]
+
+
+def _progress(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _task(runtime_dir: Path, name: str) -> dict:
+    reply = gpreempt(runtime_dir, "status", "--json")
+    assert reply.returncode == 0, reply.stderr
+    tasks = json.loads(reply.stdout)["tasks"]
+    return next(t for t in tasks if t["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def kernel_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(nvcc).exists():
+        pytest.skip("no nvcc")
+    out = tmp_path_factory.mktemp("bin") / "kernel_loop"
+    subprocess.run(
+        [nvcc, "-O2", "-std=c++17", str(PROGRAMS / "kernel_loop.cu"), "-o", str(out)],
+        check=True,
+    )
+    return out
+
+
+def _held_and_resumed(runtime_dir: Path, progress: Path, command: list[str]) -> dict:
+    proc = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
+    try:
+        assert wait_for(lambda: _progress(progress) > 0, 120), proc.stderr
+        time.sleep(0.5)
+        moving = _progress(progress)
+        time.sleep(0.3)
+        assert _progress(progress) > moving, "the program makes no progress before the hold"
+        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
+        time.sleep(0.5)  # what was queued behind the last barrier may finish
+        held_from = _progress(progress)
+        time.sleep(1.5)
+        held_to = _progress(progress)
+        task = _task(runtime_dir, "trainer")
+        assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
+        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
+        return {"held_from": held_from, "held_to": held_to, "task": task}
+    finally:
+        stop_all(proc)
+
+
+def _assert_held(result: dict) -> None:
+    task = result["task"]
+    assert task["gate"]["driver"] == "on", task
+    assert result["held_to"] == result["held_from"], result
+    assert task["gate"]["hold_leaks"] == 0, task
+    assert not task["backstop_locked"], task
+
+
+@pytest.mark.parametrize("mode", ["default", "streams", "threads", "graph"])
+def test_a_cuda_cpp_program_is_held(daemon, runtime_dir, tmp_path, kernel_loop, mode):
+    progress = tmp_path / "progress"
+    result = _held_and_resumed(runtime_dir, progress, [str(kernel_loop), str(progress), mode, "60"])
+    _assert_held(result)
+
+
+@pytest.mark.parametrize("framework", ["cupy", "jax", "torch-compile"])
+def test_work_beside_torch_is_held(daemon, runtime_dir, tmp_path, framework):
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy" if framework == "cupy" else "torch")
+    if framework == "jax":
+        pytest.importorskip("jax")
+    progress = tmp_path / "progress"
+    command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), framework, "90"]
+    _assert_held(_held_and_resumed(runtime_dir, progress, command))
+
+
+PROFILED = """
+import sys, torch
+x = torch.randn(512, 512, device="cuda")
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+    torch.cuda.synchronize()
+kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+from gpreempt.client.gate import driver
+print(len(kernels), driver.state())
+"""
+
+
+def test_a_profiler_in_a_gated_process_gets_its_profile(daemon, runtime_dir):
+    pytest.importorskip("torch")
+    reply = gpreempt(
+        runtime_dir, "run", "--priority", "low", "--", sys.executable, "-c", PROFILED, timeout=180
+    )
+    assert reply.returncode == 0, reply.stderr
+    kernels, state = reply.stdout.split()[-2:]
+    assert int(kernels) > 0, reply.stdout
+    print("driver gate after the profile:", state)
