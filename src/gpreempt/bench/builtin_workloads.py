@@ -5,7 +5,8 @@
   pinned input batch in, replays the graph and copies the logits out.
 - Case-B, offline training: :func:`transformer_trainer`, an 8-layer Transformer encoder
   (d=1024, 16 heads, batch 16x512) in eager PyTorch with bf16 autocast and AdamW; its variants
-  (:data:`CASE_B_KINDS`), and :func:`cupy_trainer`, a GEMM loop without PyTorch.
+  (:data:`CASE_B_KINDS`); :func:`cupy_trainer`, a GEMM loop in CuPy, and :func:`jax_trainer`, an
+  MLP's training step under ``jax.jit``, each alone in its process or beside an ``import torch``.
 - :class:`TorchMemory`: device memory through torch, for the memory-pressure scenarios.
 
 :mod:`.workloads` runs them as the benchmark's processes.
@@ -19,9 +20,18 @@ from typing import Any
 #: Case-A variants: name -> ResNet-50 batch size (``eager``: batch 8, no CUDA graph).
 CASE_A_BATCH = {"light": 8, "heavy": 64, "eager": 8}
 #: Case-B variants (``--case-b``): the Transformer as most people write it (eager), reading its
-#: loss every step (which synchronises), compiled with ``torch.compile``, and a CuPy GEMM loop
-#: (no PyTorch in the process, so no launch gate).
-CASE_B_KINDS = ("transformer", "transformer-sync", "transformer-compiled", "cupy")
+#: loss every step (which synchronises), compiled with ``torch.compile``; a CuPy GEMM loop and a
+#: JAX training step, alone or in a process that also imports PyTorch (``-torch``: for its
+#: DataLoader, say), where PyTorch's operator hook sees none of their launches.
+CASE_B_KINDS = (
+    "transformer",
+    "transformer-sync",
+    "transformer-compiled",
+    "cupy",
+    "cupy-torch",
+    "jax",
+    "jax-torch",
+)
 
 
 def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
@@ -151,9 +161,18 @@ class TorchMemory:
         self._torch.cuda.empty_cache()  # back to the driver, not only to torch's cache
 
 
-def cupy_trainer(n: int = 4096, gemms: int = 48) -> Callable[[], Any]:
-    """Case-B without PyTorch: one call queues ``gemms`` fp16 GEMMs of n x n with CuPy and
-    returns an event that completes with them (the loop runs ahead as such loops do)."""
+def _with_torch() -> None:
+    """Import PyTorch and start its CUDA, as a process that uses it beside another framework."""
+    import torch
+
+    torch.zeros(1, device="cuda")
+
+
+def cupy_trainer(n: int = 4096, gemms: int = 48, with_torch: bool = False) -> Callable[[], Any]:
+    """Case-B in CuPy: one call queues ``gemms`` fp16 GEMMs of n x n and returns an event that
+    completes with them (the loop runs ahead as such loops do)."""
+    if with_torch:
+        _with_torch()
     import cupy as cp
 
     rng = cp.random.default_rng(0)
@@ -168,5 +187,57 @@ def cupy_trainer(n: int = 4096, gemms: int = 48) -> Callable[[], Any]:
         event = cp.cuda.Event(block=True)
         event.record()
         return event
+
+    return step
+
+
+class _Ready:
+    """A step's token for JAX: completes with the arrays it holds."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def synchronize(self) -> None:
+        import jax
+
+        jax.block_until_ready(self.value)
+
+
+def jax_trainer(
+    width: int = 4096, layers: int = 4, batch: int = 2048, with_torch: bool = False
+) -> Callable[[], Any]:
+    """Case-B in JAX: one call dispatches one SGD step of an MLP (``layers`` of ``width``,
+    bf16, ``batch`` rows) compiled with ``jax.jit`` and returns a token that completes with it.
+    JAX is told not to take most of the GPU's memory up front (it shares the GPU)."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if with_torch:
+        _with_torch()
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 2)
+    params = [
+        jax.random.normal(k, (width, width), jnp.bfloat16) * (width**-0.5) for k in keys[:layers]
+    ]
+    x = jax.random.normal(keys[-2], (batch, width), jnp.bfloat16)
+    y = jax.random.normal(keys[-1], (batch, width), jnp.bfloat16)
+
+    def loss(params: list[Any], x: Any, y: Any) -> Any:
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean((x.astype(jnp.float32) - y.astype(jnp.float32)) ** 2)
+
+    @jax.jit
+    def update(params: list[Any], x: Any, y: Any) -> list[Any]:
+        grads = jax.grad(loss)(params, x, y)
+        return [w - 1e-3 * g for w, g in zip(params, grads, strict=True)]
+
+    state = {"params": params}
+
+    def step() -> Any:
+        state["params"] = update(state["params"], x, y)
+        return _Ready(state["params"])
 
     return step

@@ -42,6 +42,7 @@ from .builtin_workloads import (
     CASE_B_KINDS,
     TorchMemory,
     cupy_trainer,
+    jax_trainer,
     resnet50_server,
     transformer_trainer,
 )
@@ -69,8 +70,10 @@ def _trainer_from(fn: str | None, args: argparse.Namespace) -> Callable[[], Any]
     if fn:
         return loops.load_callable(fn)()
     kind = getattr(args, "kind", "transformer")
-    if kind == "cupy":
-        return cupy_trainer()
+    if kind in ("cupy", "cupy-torch"):
+        return cupy_trainer(with_torch=kind == "cupy-torch")
+    if kind in ("jax", "jax-torch"):
+        return jax_trainer(with_torch=kind == "jax-torch")
     return transformer_trainer(
         d_model=args.d_model,
         layers=args.layers,

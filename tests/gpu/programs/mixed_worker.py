@@ -32,7 +32,7 @@ if framework == "cupy":
     torch.zeros(1, device="cuda")  # PyTorch has CUDA too
     host = cp.cuda.runtime.hostAlloc(8, 2)  # cudaHostAllocMapped: read without a CUDA call
     ctypes.c_uint64.from_address(host).value = 0
-    device = cp.cuda.runtime.hostGetDevicePointer(host, 0)
+    device = host  # unified addressing: the mapped host address is valid on the GPU
     bump = cp.RawKernel(
         r"""extern "C" __global__ void bump(unsigned long long* c, long long spin) {
             long long t = clock64(); while (clock64() - t < spin) {}

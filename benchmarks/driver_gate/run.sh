@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The driver-level gate's cells: trainers the operator hook never sees, beside the ResNet-50
+# b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
+# else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
+#   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
+# Groups: cost (launch_cost.py), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
+# trainer, cpp_trainer.cu, built with nvcc). REPEATS (default 3) repeats; REQUESTS (default
+# 1000) requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
+# (benchmarks/defaults/table.py prints it); a line per cell is printed.
+set -u
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
+: "${OUT:?set OUT to an output directory}"
+: "${REPEATS:=3}" "${REQUESTS:=1000}"
+work=/tmp/gpreempt-driver
+mkdir -p "$work" "$OUT"
+python3 -m gpreempt.client.gate.build 2>&1 | tail -1
+python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
+cell() {  # name, bench options...
+  local name=$1 limit=$((REPEATS * 150 + 90)); shift
+  rm -rf "$work/$name"
+  timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
+    --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
+    --out "$work/$name" > "$work/$name.log" 2>&1
+  echo "$name rc=$?"
+  mkdir -p "$OUT/$name"
+  cp "$work/$name/results.json" "$OUT/$name/" 2>/dev/null || tail -5 "$work/$name.log"
+  python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
+}
+for group in "$@"; do
+  case $group in
+    cost) timeout 300 python3 benchmarks/driver_gate/launch_cost.py --rounds "${COST_ROUNDS:-4}" \
+        --launches 20000 --out "$OUT/launch_cost.json" ;;
+    cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;
+    compiled) cell compiled --case-b transformer-compiled ;;
+    cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
+      cell cpp --case-b-cmd "$work/cpp_trainer" ;;
+    *) echo "unknown group $group" ;;
+  esac
+done
