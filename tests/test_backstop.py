@@ -157,3 +157,64 @@ def test_a_gate_whose_barriers_hold_its_work_is_not_locked() -> None:
         assert backstop.next_due() == 100.05
     finally:
         control.close()
+
+
+class _Block:
+    """A control block as the backstop reads it: its gate's words."""
+
+    def __init__(self, driver_gate: str = "on", barriers_on: bool = False) -> None:
+        self.driver_gate = driver_gate
+        self.barriers_on = barriers_on
+        self.driver_launches = 1000
+
+
+def test_a_task_whose_driver_gate_holds_is_not_locked() -> None:
+    driver = FakeDriver()
+    _daemon, task, backstop = setup(driver)
+    task.controls[1] = _Block("on")
+    backstop.apply(200.0)
+    backstop.finish()
+    assert driver.calls == [] and task.held_on_gpu
+
+
+def test_a_released_driver_gate_is_backed_by_the_lock() -> None:
+    # a profiler took CUPTI: the operator gate's barriers alone do not hold CuPy or Triton work
+    driver = FakeDriver()
+    _daemon, task, backstop = setup(driver)
+    task.controls[1] = _Block("released", barriers_on=True)
+    backstop.apply(200.0)
+    backstop.finish()
+    assert driver.calls == [("lock", 4242)] and not task.held_on_gpu
+
+
+def test_work_going_on_behind_a_closed_gate_is_found_and_locked() -> None:
+    driver = FakeDriver()
+    daemon, task, backstop = setup(driver)
+    block = _Block("on")
+    task.controls[1] = block
+    backstop.apply(100.25)  # held 250 ms: the launches now must stand still
+    assert task.hold_baseline == 1000
+    block.driver_launches += 3  # a launch per thread it holds: no leak
+    backstop.apply(100.35)
+    assert not task.hold_leaked and driver.calls == []
+    block.driver_launches += 500  # its work goes on
+    backstop.apply(100.45)
+    backstop.finish()
+    assert task.hold_leaked and task.hold_leaks == 1
+    assert driver.calls == [("lock", 4242)]
+    errors = [r for r in daemon.events.records if r["event"] == "error"]
+    assert errors and "does not hold" in errors[0]["reason"]
+    backstop.release(task)
+    assert not task.hold_leaked and task.hold_baseline is None
+
+
+def test_holds_are_checked_even_where_the_driver_has_no_lock() -> None:
+    daemon, task, backstop = setup(FakeDriver(), delay_ms=0.0)
+    block = _Block("on")
+    task.controls[1] = block
+    assert backstop.next_due(100.0) == 100.2
+    backstop.apply(100.2)
+    block.driver_launches += 100
+    backstop.apply(100.3)
+    assert task.hold_leaked
+    assert "no driver lock" in daemon.events.records[-1]["reason"]

@@ -3,7 +3,8 @@
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
-# Groups: cost (launch_cost.py), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
+# Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
+# its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
 # trainer, cpp_trainer.cu, built with nvcc). REPEATS (default 3) repeats; REQUESTS (default
 # 1000) requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it); a line per cell is printed.
@@ -26,9 +27,14 @@ cell() {  # name, bench options...
   mkdir -p "$OUT/$name"
   cp "$work/$name/results.json" "$OUT/$name/" 2>/dev/null || tail -5 "$work/$name.log"
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
+  echo "  leaks found: $(cat $(find "$work/$name" -name events.jsonl) 2>/dev/null |
+    grep -c 'does not hold'), backstop locks: $(cat $(find "$work/$name" -name events.jsonl) \
+    2>/dev/null | grep -c '"backstop"')"
 }
 for group in "$@"; do
   case $group in
+    hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
+    light) cell light --case-b transformer-sync ;;
     cost) timeout 300 python3 benchmarks/driver_gate/launch_cost.py --rounds "${COST_ROUNDS:-4}" \
         --launches 20000 --out "$OUT/launch_cost.json" ;;
     cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;

@@ -236,6 +236,8 @@ class Task:
                 # the driver-level gate: on, none, released (to a profiler), unavailable
                 "driver": self.driver_gate,
                 "driver_launches": sum(c.driver_launches for c in self.controls.values()),
+                "driver_barriers": sum(c.stats().driver_barriers for c in self.controls.values()),
+                "driver_waits": sum(c.stats().driver_waits for c in self.controls.values()),
                 "hold_leaks": self.hold_leaks,
             }
         return {

@@ -4,10 +4,11 @@
 // It speaks the client's protocol (gpreempt/protocol.py): one JSON line per message on the
 // daemon's unix socket, the control block (a sealed memfd, mode 0600) and the doorbell (an
 // eventfd) passed as descriptors beside {"op":"channel"}. The daemon finds the task from the
-// process's ancestry, checked with SO_PEERCRED. The daemon's watch lists are not mapped here: a
-// less important task of this kind stops when the daemon closes its gate. If the daemon goes
-// away the gate opens at once, and the block is handed to the next daemon that answers, as the
-// Python client does.
+// process's ancestry, checked with SO_PEERCRED. The daemon's watch lists (read-only descriptors
+// of the blocks of the tasks that outrank this one, beside {"push":"watch"}) are mapped and
+// handed to the gate, so that its barriers stop the GPU the moment one of them is active. If
+// the daemon goes away the gate opens at once, and the block is handed to the next daemon that
+// answers, as the Python client does.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/eventfd.h>
@@ -19,10 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "driver_gate.h"
 
@@ -124,13 +129,75 @@ void open_gate(Gate& g) {
           nullptr, nullptr, 0);
 }
 
-// Reads (and drops) the daemon's pushes until it goes away, then opens the gate and hands the
-// block to the next daemon.
+// The number after `"key":` in a JSON line, or -1.
+long json_number(const std::string& line, const char* key) {
+  const std::string quoted = std::string("\"") + key + "\":";
+  const size_t at = line.find(quoted);
+  if (at == std::string::npos) {
+    return -1;
+  }
+  return std::strtol(line.c_str() + at + quoted.size(), nullptr, 10);
+}
+
+// How many elements the JSON array after `"key":` holds (flat arrays of numbers), or -1.
+long json_array_size(const std::string& line, const char* key) {
+  const std::string quoted = std::string("\"") + key + "\":[";
+  const size_t at = line.find(quoted);
+  if (at == std::string::npos) {
+    return -1;
+  }
+  const size_t open = at + quoted.size(), close = line.find(']', open);
+  if (close == std::string::npos) {
+    return -1;
+  }
+  if (close == open) {
+    return 0;
+  }
+  long n = 1;
+  for (size_t i = open; i < close; ++i) {
+    n += line[i] == ',' ? 1 : 0;
+  }
+  return n;
+}
+
+// One message from the daemon and the descriptors that came with it (taken, closed here).
+void on_message(Gate& g, const std::string& line, std::deque<int>& fds) {
+  const long nfds = std::max(0L, json_number(line, "nfds"));
+  std::vector<int> mine;
+  for (long i = 0; i < nfds && !fds.empty(); ++i) {
+    mine.push_back(fds.front());
+    fds.pop_front();
+  }
+  if (line.find("\"push\":\"watch\"") != std::string::npos) {
+    auto* list = new WatchList();  // never freed: a launch may read it; its pages stay mapped
+    const long version = json_number(line, "version");
+    const bool complete = json_array_size(line, "tasks") == static_cast<long>(mine.size()) &&
+                          static_cast<long>(mine.size()) == nfds && mine.size() <= kMaxWatched;
+    for (int fd : mine) {
+      void* p = mmap(nullptr, kSize, PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED && list->n < kMaxWatched) {
+        list->blocks[list->n++] = static_cast<const uint8_t*>(p);
+      }
+    }
+    list->version = complete && version > 0 && list->n == mine.size()
+                        ? static_cast<uint32_t>(version)
+                        : 0;
+    g.watch.store(list->n == 0 ? nullptr : list, std::memory_order_release);
+  }
+  for (int fd : mine) {
+    close(fd);
+  }
+}
+
+// Reads the daemon's pushes until it goes away, then opens the gate and hands the block to the
+// next daemon.
 void channel_loop(int fd) {
   Gate& g = gate();
+  std::string pending;
+  std::deque<int> fds;
   for (;;) {
     char buffer[4096];
-    alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+    alignas(cmsghdr) char control[CMSG_SPACE(16 * sizeof(int))];
     iovec iov{buffer, sizeof(buffer)};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -144,14 +211,31 @@ void channel_loop(int fd) {
         for (size_t i = 0; i < count; ++i) {
           int received = -1;
           std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          close(received);
+          fds.push_back(received);
         }
       }
     }
-    if (n > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) {
+      pending.append(buffer, static_cast<size_t>(n));
+      for (size_t end; (end = pending.find('\n')) != std::string::npos;) {
+        on_message(g, pending.substr(0, end), fds);
+        pending.erase(0, end + 1);
+      }
+      if (pending.size() > (1u << 20)) {
+        pending.clear();  // no message of the daemon is this long
+      }
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
       continue;
     }
     close(fd);
+    for (int left : fds) {
+      close(left);
+    }
+    fds.clear();
+    pending.clear();
+    g.watch.store(nullptr, std::memory_order_release);
     open_gate(g);
     do {
       sleep(1);

@@ -19,6 +19,7 @@
 
 #include <cuda.h>
 #include <cupti.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdint>
@@ -127,9 +128,90 @@ void publish_state(uint32_t state);
 bool watched_active(const WatchList* w);
 bool must_wait(Gate& g, uint32_t word, const WatchList* w);
 
+// Set while the gate itself calls the driver: those calls are not launches of the program.
+inline thread_local bool t_inside = false;
+struct Guard {
+  Guard() { t_inside = true; }
+  ~Guard() { t_inside = false; }
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+};
+
+// Our calls must not disturb a graph another thread captures in global mode.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+// Makes `context` current for the calls in scope where the thread has another (or none).
+class CurrentContext {
+ public:
+  explicit CurrentContext(CUcontext context) {
+    CUcontext current = nullptr;
+    if (context != nullptr && cu()->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != context &&
+        cu()->cuCtxPushCurrent(context) == CUDA_SUCCESS) {
+      pushed_ = true;
+    }
+  }
+  ~CurrentContext() {
+    if (pushed_) {
+      CUcontext popped = nullptr;
+      cu()->cuCtxPopCurrent(&popped);
+    }
+  }
+  CurrentContext(const CurrentContext&) = delete;
+  CurrentContext& operator=(const CurrentContext&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
+
+// Lets other Python threads run while this one waits (the client's own threads among them).
+class NoGil {
+ public:
+  NoGil() {
+    using Check = int (*)();
+    using Save = void* (*)();
+    static const auto initialized = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    static const auto held = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+    static const auto save = reinterpret_cast<Save>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
+    if (initialized != nullptr && held != nullptr && save != nullptr && initialized() != 0 &&
+        held() != 0) {
+      state_ = save();
+    }
+  }
+  ~NoGil() {
+    using Restore = void (*)(void*);
+    static const auto restore =
+        reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
+    if (state_ != nullptr && restore != nullptr) {
+      restore(state_);
+    }
+  }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  void* state_ = nullptr;
+};
+
+
 // driver_hold.cpp
+bool barriers_hold(Gate& g, const uint8_t* ctl);
 void before_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
+
+// driver_marks.cpp
+bool capturing(CUstream stream);
+// Marks `stream` after a launch (mu held): a barrier where one holds, an event, the window.
+void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
 void forget_stream(CUstream stream);
 // Activity: auto_active drops once the process launched nothing for the grace time and its
 // GPU work completed. Called by the background thread.

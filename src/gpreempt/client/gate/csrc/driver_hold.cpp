@@ -40,18 +40,18 @@ bool watched_active(const WatchList* w) {
   return false;
 }
 
-namespace {
-
-bool closed_while_watched(uint32_t word, const WatchList* w) {
-  return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
-         word / 2 == w->version;
-}
-
 // Whether this gate's barriers hold its queued work now: the daemon gives it an in-flight
 // share only while a more important task is registered on its GPU.
 bool barriers_hold(Gate& g, const uint8_t* ctl) {
   return g.cfg.bound && g.cfg.barrier_us > 0 && g.barriers_ok.load(std::memory_order_relaxed) &&
          load32(ctl, kOffWindowShareUs) != 0;
+}
+
+namespace {
+
+bool closed_while_watched(uint32_t word, const WatchList* w) {
+  return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
+         word / 2 == w->version;
 }
 
 }  // namespace
@@ -69,7 +69,6 @@ bool must_wait(Gate& g, uint32_t word, const WatchList* w) {
 
 namespace {
 
-thread_local bool t_inside = false;  // our own driver calls are not launches of the program
 
 // Lets other Python threads run while this one waits (the client's own threads among them).
 class NoGil {
@@ -100,49 +99,7 @@ class NoGil {
   void* state_ = nullptr;
 };
 
-// Our calls must not disturb a graph another thread captures in global mode.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 
- private:
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-};
-
-// Makes `context` current for the calls in scope where the thread has another (or none).
-class CurrentContext {
- public:
-  explicit CurrentContext(CUcontext context) {
-    CUcontext current = nullptr;
-    if (context != nullptr && cu()->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != context &&
-        cu()->cuCtxPushCurrent(context) == CUDA_SUCCESS) {
-      pushed_ = true;
-    }
-  }
-  ~CurrentContext() {
-    if (pushed_) {
-      CUcontext popped = nullptr;
-      cu()->cuCtxPopCurrent(&popped);
-    }
-  }
-  CurrentContext(const CurrentContext&) = delete;
-  CurrentContext& operator=(const CurrentContext&) = delete;
-
- private:
-  bool pushed_ = false;
-};
-
-struct Guard {
-  Guard() { t_inside = true; }
-  ~Guard() { t_inside = false; }
-  Guard(const Guard&) = delete;
-  Guard& operator=(const Guard&) = delete;
-};
-
-// The stream a launch goes to. Per-thread default streams: the _ptsz entry points with stream 0.
 bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   switch (cbid) {
 #define GP_STREAM_OF(id, type, field)                             \
@@ -192,12 +149,6 @@ bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   }
 }
 
-bool capturing(CUstream stream) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return cu()->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS ||
-         status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 void wait_open(Gate& g, uint8_t* ctl) {
   NoGil nogil;
   auto* word = reinterpret_cast<uint32_t*>(ctl + kOffGateClosed);
@@ -222,129 +173,6 @@ void wait_open(Gate& g, uint8_t* ctl) {
     }
   }
   add64(ctl, kOffDriverWaitNs, static_cast<uint64_t>(now_ns() - start));
-}
-
-CUevent take_event(Gate& g) {
-  if (!g.spare_events.empty()) {
-    CUevent e = g.spare_events.back();
-    g.spare_events.pop_back();
-    return e;
-  }
-  CUevent e = nullptr;
-  return cu()->cuEventCreate(&e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? e : nullptr;
-}
-
-void give_event(Gate& g, CUevent e) {
-  if (e != nullptr) {
-    g.spare_events.push_back(e);
-  }
-}
-
-// The device address of a control block word; its page is registered once and stays so.
-CUdeviceptr device_word(Gate& g, const uint8_t* word, bool read_only) {
-  const uintptr_t page = reinterpret_cast<uintptr_t>(word) & ~uintptr_t{4095};
-  auto it = g.device_pages.find(page);
-  if (it == g.device_pages.end()) {
-    void* host = reinterpret_cast<void*>(page);
-    const unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
-                           (read_only ? CU_MEMHOSTREGISTER_READ_ONLY : 0u);
-    const CUresult r = cu()->cuMemHostRegister(host, 4096, flags);
-    CUdeviceptr device = 0;
-    if ((r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) ||
-        cu()->cuMemHostGetDevicePointer(&device, host, 0) != CUDA_SUCCESS) {
-      return 0;
-    }
-    it = g.device_pages.emplace(page, device).first;
-  }
-  return it->second + (reinterpret_cast<uintptr_t>(word) - page);
-}
-
-// Waits on the GPU, on `stream`, for this gate's word and the watched tasks' activity words:
-// the GPU stops this task's queued work there the moment one says so.
-bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream) {
-  const WatchList* list = g.watch.load(std::memory_order_acquire);
-  const CUdeviceptr own = device_word(g, ctl + kOffGateClosed, false);
-  if (own == 0) {
-    return false;
-  }
-  CUresult r = list != nullptr && list->version != 0
-                   ? cu()->cuStreamWaitValue32(stream, own, ~kClosed, CU_STREAM_WAIT_VALUE_NOR)
-                   : cu()->cuStreamWaitValue32(stream, own, 0, CU_STREAM_WAIT_VALUE_EQ);
-  for (size_t i = 0; r == CUDA_SUCCESS && list != nullptr && i < list->n; ++i) {
-    const uint8_t* b = list->blocks[i];
-    const CUdeviceptr requests = device_word(g, b + kOffRequests, true);
-    r = requests == 0 ? CUDA_ERROR_UNKNOWN
-                      : cu()->cuStreamWaitValue32(stream, requests, 0, CU_STREAM_WAIT_VALUE_EQ);
-    if (r == CUDA_SUCCESS && load32(b, kOffHinted) == 0) {
-      const CUdeviceptr active = device_word(g, b + kOffAutoActive, true);
-      r = active == 0 ? CUDA_ERROR_UNKNOWN
-                      : cu()->cuStreamWaitValue32(stream, active, 0, CU_STREAM_WAIT_VALUE_EQ);
-    }
-  }
-  return r == CUDA_SUCCESS;
-}
-
-// Retires the stream's completed marks, learning the GPU time per launch from the spans the
-// GPU ran back to back.
-void reap(Gate& g, StreamState& st) {
-  while (st.marks.size() > 1) {
-    Mark& first = st.marks[0];
-    Mark& second = st.marks[1];
-    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
-      return;
-    }
-    float ms = 0.0f;
-    if (second.gpu_was_busy && second.launches > 0 &&
-        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS && ms >= 0.0f) {
-      const double ns = ms * 1e6 / static_cast<double>(second.launches);
-      st.ns_per_launch = st.ns_per_launch == 0.0 ? ns : 0.8 * st.ns_per_launch + 0.2 * ns;
-      const double want = g.cfg.barrier_us * 1000.0 / std::max(st.ns_per_launch, 1.0);
-      st.spacing = static_cast<uint64_t>(std::clamp(want, 1.0, 4096.0));
-    }
-    give_event(g, first.event);
-    st.marks.pop_front();
-  }
-}
-
-double in_flight_ns(const StreamState& st) {
-  uint64_t launches = st.since_mark;
-  for (size_t i = 1; i < st.marks.size(); ++i) {
-    launches += st.marks[i].launches;
-  }
-  return static_cast<double>(launches) * st.ns_per_launch;
-}
-
-// Mark the stream: a barrier where one holds, an event behind it, and the window enforced.
-void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
-  const RelaxedCapture relaxed;
-  if (barriers_hold(g, ctl)) {
-    if (put_barrier(g, ctl, stream)) {
-      add64(ctl, kOffDriverBarriers, 1);
-    } else {
-      g.barriers_ok.store(false);
-    }
-  }
-  CUevent e = take_event(g);
-  if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, e);
-    return;
-  }
-  Mark m;
-  m.event = e;
-  m.launches = st.since_mark;
-  m.gpu_was_busy = !st.marks.empty() && cu()->cuEventQuery(st.marks.back().event) != CUDA_SUCCESS;
-  st.marks.push_back(m);
-  st.since_mark = 0;
-  reap(g, st);
-  while (st.ns_per_launch > 0 && st.marks.size() > 1 &&
-         in_flight_ns(st) > g.cfg.window_ms * 1e6) {
-    CUevent oldest = st.marks[1].event;
-    {
-      NoGil nogil;
-      cu()->cuEventSynchronize(oldest);
-    }
-    reap(g, st);
-  }
 }
 
 }  // namespace
@@ -402,61 +230,6 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
     mark(g, ctl, stream, st);
   }
-}
-
-void forget_stream(CUstream stream) {
-  Gate& g = gate();
-  const Guard guard;
-  std::lock_guard<std::mutex> lock(g.mu);
-  auto it = g.streams.find(stream);
-  if (it == g.streams.end()) {
-    return;
-  }
-  for (Mark& m : it->second.marks) {
-    cu()->cuEventDestroy(m.event);  // released once its work completed
-  }
-  g.streams.erase(it);
-}
-
-void check_idle(Gate& g, int64_t now) {
-  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || g.active.load() == 0 ||
-      now - g.last_launch_ns.load(std::memory_order_relaxed) <
-          static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6)) {
-    return;
-  }
-  const Guard guard;
-  std::lock_guard<std::mutex> lock(g.mu);
-  const RelaxedCapture relaxed;
-  bool done = true;
-  for (auto& [stream, st] : g.streams) {
-    const CurrentContext current(st.context);
-    if (st.dirty && !capturing(stream)) {
-      // an event behind the stream's last launch tells when its work completed
-      CUevent e = take_event(g);
-      if (e != nullptr && cu()->cuEventRecord(e, stream) == CUDA_SUCCESS) {
-        st.marks.push_back(Mark{e, st.since_mark, false});
-        st.since_mark = 0;
-      } else {
-        give_event(g, e);
-      }
-      st.dirty = false;
-    }
-    if (!st.marks.empty() && cu()->cuEventQuery(st.marks.back().event) == CUDA_ERROR_NOT_READY) {
-      done = false;
-    }
-    reap(g, st);
-  }
-  if (!done || g.active.exchange(0) == 0) {
-    return;
-  }
-  store32(ctl, kOffAutoActive, 0);
-  if (g.last_launch_ns.load(std::memory_order_acquire) > now) {
-    // a launch came in meanwhile, and saw the gate still active: it stays active
-    g.active.store(1);
-    store32(ctl, kOffAutoActive, 1);
-  }
-  ring(g);
 }
 
 }  // namespace gpreempt_driver

@@ -308,6 +308,12 @@ __attribute__((visibility("default"))) uint32_t gpreempt_driver_resume() {
 
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_state() { return state.load(); }
 
+// The version of the watch list the gate holds now (0: none, or incomplete).
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_watch_version() {
+  const WatchList* list = gate().watch.load(std::memory_order_acquire);
+  return list == nullptr ? 0 : list->version;
+}
+
 __attribute__((visibility("default"))) int gpreempt_driver_initialized() {
   return gate().initialized.load() ? 1 : 0;
 }

@@ -1,0 +1,116 @@
+"""The driver-level gate without a GPU: where ``gpreempt run`` loads it, with what settings, and
+its own channel to the daemon (the CUDA driver's call of ``InitializeInjection`` simulated).
+
+Building the library needs the CUDA toolkit's headers (``cuda.h``, ``cupti.h``); those tests
+skip without them. Its GPU behaviour is tested in ``tests/gpu/test_driver_gate_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import gpreempt, spawn, stop_all, wait_for
+
+from gpreempt.client.gate import driver, driver_build
+
+
+def _library() -> Path:
+    try:
+        return driver_build.build()
+    except driver_build.DriverGateUnavailable as exc:
+        pytest.skip(f"the driver-level gate cannot be built here: {exc}")
+
+
+def test_settings_follow_priority_and_mechanism() -> None:
+    low = driver.driver_config_for(-100, closes_gate=True)
+    assert low.bound and low.auto_activity
+    assert not driver.driver_config_for(100, closes_gate=True).bound  # nothing preempts it
+    assert not driver.driver_config_for(-100, closes_gate=False).bound  # signal, lock: no gate
+    assert low.environment()["GPREEMPT_DRIVER_BOUND"] == "1"
+
+
+def test_a_variable_the_user_set_is_kept_and_said() -> None:
+    extra, note = driver.command_environment(
+        {"CUDA_INJECTION64_PATH": "/opt/nsys/libToolsInjection64.so"}, -100, True
+    )
+    assert extra == {}
+    assert note is not None and "libToolsInjection64.so" in note and "driver lock" in note
+
+
+def test_the_gate_can_be_turned_off() -> None:
+    assert driver.command_environment({"GPREEMPT_DRIVER_GATE": "0"}, -100, True) == ({}, None)
+
+
+def test_no_toolkit_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver_build, "_toolkit_roots", lambda: [])
+    with pytest.raises(driver_build.DriverGateUnavailable, match="no CUDA toolkit headers"):
+        driver_build.find_include_dirs()
+
+
+def test_the_library_exports_what_the_driver_and_the_client_call() -> None:
+    lib = ctypes.CDLL(str(_library()))
+    for name in (
+        "InitializeInjection",
+        "gpreempt_driver_adopt",
+        "gpreempt_driver_set_watch",
+        "gpreempt_driver_release",
+        "gpreempt_driver_resume",
+        "gpreempt_driver_state",
+    ):
+        assert hasattr(lib, name), name
+
+
+def test_run_loads_it_into_the_command(daemon, runtime_dir) -> None:
+    path = _library()
+    script = "import os; print(os.environ.get('CUDA_INJECTION64_PATH'))"
+    reply = gpreempt(runtime_dir, "run", "--priority", "low", "--", sys.executable, "-c", script)
+    assert reply.returncode == 0, reply.stderr
+    assert reply.stdout.strip() == str(path)
+
+
+#: A program with no Python client of its own (it imports nothing of gpreempt) whose CUDA
+#: "starts": it calls InitializeInjection as the driver would at cuInit, then reports the
+#: watch list its gate holds. Without libcuda here, the gate's state is "failed" (it cannot
+#: hold launches) but its channel works.
+OWN_CHANNEL = """
+import ctypes, os, sys, time
+lib = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+lib.InitializeInjection()
+out = sys.argv[1]
+while True:
+    with open(out + ".tmp", "w") as f:
+        f.write(str(lib.gpreempt_driver_watch_version()))
+    os.replace(out + ".tmp", out)
+    time.sleep(0.05)
+"""
+
+
+def test_a_program_without_python_client_opens_its_own_channel(daemon, runtime_dir, tmp_path):
+    _library()
+    version = tmp_path / "version"
+    low = spawn(
+        runtime_dir, "run", "--priority", "low", "--name", "native", "--",
+        sys.executable, "-S", "-c", OWN_CHANNEL, str(version),
+    )  # fmt: skip
+    high = None
+    try:
+
+        def native() -> dict | None:
+            reply = gpreempt(runtime_dir, "status", "--json")
+            tasks = json.loads(reply.stdout)["tasks"] if reply.returncode == 0 else []
+            return next((t for t in tasks if t["name"] == "native" and t.get("gate")), None)
+
+        assert wait_for(lambda: native() is not None, 20)
+        task = native()
+        assert task is not None and task["gate"]["driver"] == "failed"  # no libcuda here
+        assert version.read_text() == "0"  # nothing to watch yet
+        server = "from gpreempt.client import session; import time\n"
+        server += "session.current(); time.sleep(60)"
+        high = spawn(runtime_dir, "run", "--priority", "high", "--", sys.executable, "-c", server)
+        assert wait_for(lambda: version.exists() and int(version.read_text() or 0) > 0, 20)
+    finally:
+        stop_all(low, *([high] if high else []))
