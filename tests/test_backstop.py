@@ -166,6 +166,7 @@ class _Block:
         self.driver_gate = driver_gate
         self.barriers_on = barriers_on
         self.driver_launches = 1000
+        self.gate_word = 1  # closed outright
 
 
 def test_a_task_whose_driver_gate_holds_is_not_locked() -> None:
@@ -218,3 +219,16 @@ def test_holds_are_checked_even_where_the_driver_has_no_lock() -> None:
     backstop.apply(100.3)
     assert task.hold_leaked
     assert "no driver lock" in daemon.events.records[-1]["reason"]
+
+
+def test_a_gate_that_goes_on_by_itself_between_requests_is_no_leak() -> None:
+    # closed only while the tasks it watches are active (word 2V): once they are idle, its
+    # launches are allowed, and they count from then on
+    daemon, task, backstop = setup(FakeDriver())
+    block = _Block("on")
+    block.gate_word = 2
+    task.controls[1] = block
+    backstop.apply(100.25)
+    block.driver_launches += 500  # the server is idle: the trainer runs
+    backstop.apply(100.35)
+    assert not task.hold_leaked and task.hold_baseline == 1500

@@ -70,10 +70,13 @@ def main() -> int:
     env = {**os.environ, "CUDA_INJECTION64_PATH": library, "GPREEMPT_DRIVER_GATE": library}
     results = {}
     for barriers in ("1", "0"):
-        child = [sys.executable, "-c", CHILD, str(args.closes), barriers]
+        child = [sys.executable, "-X", "faulthandler", "-c", CHILD, str(args.closes), barriers]
         reply = subprocess.run(child, env=env, capture_output=True, text=True, timeout=240)
-        if reply.returncode != 0:
-            print(reply.stderr, file=sys.stderr)
+        if reply.returncode != 0 or not reply.stdout.strip():
+            print(
+                f"child exited with code {reply.returncode}: {reply.stderr[-3000:]}",
+                file=sys.stderr,
+            )
             return 1
         results["barriers" if barriers == "1" else "no-barriers"] = json.loads(
             reply.stdout.strip().splitlines()[-1]

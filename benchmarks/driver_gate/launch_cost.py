@@ -93,10 +93,14 @@ def main() -> int:
             env.pop("CUDA_INJECTION64_PATH", None)
             if config != "none":
                 env["CUDA_INJECTION64_PATH"] = env["GPREEMPT_DRIVER_GATE"] = library
-            child = [sys.executable, "-c", CHILD, config, framework, str(args.launches)]
+            child = [sys.executable, "-X", "faulthandler", "-c", CHILD, config, framework]
+            child.append(str(args.launches))
             reply = subprocess.run(child, env=env, capture_output=True, text=True, timeout=300)
-            if reply.returncode != 0:
-                print(reply.stderr, file=sys.stderr)
+            if reply.returncode != 0 or not reply.stdout.strip():
+                print(
+                    f"{config}/{framework}: exit code {reply.returncode}: {reply.stderr[-3000:]}",
+                    file=sys.stderr,
+                )
                 return 1
             row = json.loads(reply.stdout.strip().splitlines()[-1])
             rows.append({"round": round_, "config": config, "framework": framework, **row})

@@ -141,7 +141,9 @@ class Backstop:
             if now < task.preempted_since + SETTLE_MS / 1e3:
                 continue
             launches = task.driver_launches
-            if task.hold_baseline is None:
+            if task.hold_baseline is None or not self._must_stand_still(task):
+                # a gate closed only while the tasks it watches are active goes on by itself
+                # once none is (policy/watch.py): its launches count from the next check
                 task.hold_baseline = launches
                 continue
             moved = launches - task.hold_baseline
@@ -159,6 +161,20 @@ class Backstop:
                     f"closed; {fallback}"
                 ),
             )
+
+    def _must_stand_still(self, task: Task) -> bool:
+        """Whether nothing of ``task`` may run now: a gate of it is closed outright (an odd
+        word), or a more important task on its GPUs is active (its gate closed for watched
+        tasks holds while they are)."""
+        if any(c.gate_word % 2 == 1 for c in task.controls.values()):
+            return True
+        return any(
+            other.was_active
+            and not other.held
+            and other.priority > task.priority
+            and set(other.gpus) & set(task.gpus)
+            for other in self.registry.tasks.values()
+        )
 
     def apply(self, now: float) -> None:
         """Check the holds; start locking every task held by its gate for the delay or longer

@@ -74,6 +74,8 @@ struct Gate {
   std::atomic<bool> adopted{false};     // the block is the Python client's
   std::atomic<bool> initialized{false};  // InitializeInjection ran
   std::atomic<bool> barriers_ok{true};  // a barrier failed: off for good
+  std::atomic<bool> exiting{false};     // the process exits: no more driver calls
+  std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
   std::atomic<int64_t> last_launch_ns{0};
   std::atomic<uint32_t> active{0};
   std::mutex mu;  // streams, events

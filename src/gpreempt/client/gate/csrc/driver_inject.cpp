@@ -104,14 +104,16 @@ constexpr CUpti_CallbackId kStreamGone[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
 };
 
-std::mutex cupti_mu;  // the subscriber and the enabled callbacks
+// The subscriber and the enabled callbacks. Never destroyed: the gate's thread may still take
+// it while the process exits.
+std::mutex& cupti_mu = *new std::mutex();
 CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<uint32_t> state{kDriverNone};
 std::atomic<bool> asleep{false};
 
 void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
                              CUpti_CallbackId cbid, const void* cbdata) {
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || gate().exiting.load(std::memory_order_relaxed)) {
     return;
   }
   const auto* data = static_cast<const CUpti_CallbackData*>(cbdata);
@@ -180,6 +182,11 @@ void background() {
   for (;;) {
     uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
     const int64_t now = now_ns();
+    g.background_busy.store(true);
+    if (g.exiting.load()) {
+      g.background_busy.store(false);
+      return;  // the driver is being torn down: no more calls into it
+    }
     if (ctl != nullptr && state.load() == kDriverOn) {
       const bool sleepy = may_sleep(g, ctl);
       if (sleepy != asleep.load()) {
@@ -191,7 +198,19 @@ void background() {
       }
       check_idle(g, now);
     }
+    g.background_busy.store(false);
     timespec pause{0, asleep.load() ? 200000 : 250000};
+    nanosleep(&pause, nullptr);
+  }
+}
+
+// At exit (registered at cuInit, so it runs before the CUDA runtime's own teardown): the gate
+// stops calling the driver, from its thread and from callbacks.
+void at_exit() {
+  Gate& g = gate();
+  g.exiting.store(true);
+  for (int i = 0; i < 500 && g.background_busy.load(); ++i) {
+    timespec pause{0, 100000};
     nanosleep(&pause, nullptr);
   }
 }
@@ -228,6 +247,7 @@ __attribute__((visibility("default"))) int InitializeInjection() {
     return 1;
   }
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  std::atexit(at_exit);
   uint32_t s = kDriverFailed;
   if (cu_load()) {
     std::lock_guard<std::mutex> lock(cupti_mu);
