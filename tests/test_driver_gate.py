@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,3 +116,32 @@ def test_a_program_without_python_client_opens_its_own_channel(daemon, runtime_d
         assert wait_for(lambda: version.exists() and int(version.read_text() or 0) > 0, 20)
     finally:
         stop_all(low, *([high] if high else []))
+
+
+ADOPT = """
+import ctypes, gc, json, os, sys
+from gpreempt.control import ControlBlock
+from gpreempt.client.gate import driver
+cfg = driver.DriverConfig(bound=True, auto_activity=False)
+block, other = ControlBlock.create(), ControlBlock.create()
+taken = driver.adopt(block.memfd, block.doorbell, cfg, torch_gate=False)
+again = driver.adopt(block.memfd, block.doorbell, cfg, torch_gate=True)  # PyTorch came later
+refused = driver.adopt(other.memfd, other.doorbell, cfg, torch_gate=False)
+driver.library().InitializeInjection()  # as the driver would at cuInit (no libcuda here)
+state = block.driver_gate
+block.close(); del block; gc.collect()  # the interpreter lets go of its mapping
+print(json.dumps([taken, again, refused, state, driver.state()]))
+"""
+
+
+def test_a_python_process_hands_its_block_to_the_gate() -> None:
+    path = str(_library())
+    env = {**os.environ, "CUDA_INJECTION64_PATH": path, "GPREEMPT_DRIVER_GATE": path}
+    env.pop("GPREEMPT_TASK_ID", None)
+    reply = subprocess.run(
+        [sys.executable, "-c", ADOPT], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert reply.returncode == 0, reply.stderr
+    taken, again, refused, state, after = json.loads(reply.stdout)
+    assert (taken, again, refused) == (True, True, False)
+    assert state == "failed" and after == "failed"  # no libcuda on this machine

@@ -26,7 +26,7 @@ from gpreempt.client.gate import driver
 closes, barriers = int(sys.argv[1]), sys.argv[2] == "1"
 block = ControlBlock.create()
 cfg = driver.DriverConfig(bound=True, auto_activity=False, barrier_us=100.0 if barriers else 0.0)
-assert driver.adopt(block.address, block.doorbell, cfg, torch_gate=False)
+assert driver.adopt(block.memfd, block.doorbell, cfg, torch_gate=False)
 block.set_window_share(1.0)
 import cupy as cp
 host = cp.cuda.runtime.hostAlloc(8, 2)

@@ -37,7 +37,7 @@ if config != "none":
     from gpreempt.client.gate import driver
     block = ControlBlock.create()
     cfg = driver.DriverConfig(bound=True, auto_activity=False)
-    assert driver.adopt(block.address, block.doorbell, cfg, torch_gate=False)
+    assert driver.adopt(block.memfd, block.doorbell, cfg, torch_gate=False)
     if config == "asleep":
         block.set_sleep_ok(True)
     if config == "awake-barriers":

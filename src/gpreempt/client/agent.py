@@ -80,7 +80,7 @@ def adopt_driver_gate(current: session.Session, *, torch_gate: bool) -> bool:
         return False
     config = driver.driver_config_for(current.priority, _closes_gate(current.mechanism))
     control = current.control
-    if not driver.adopt(control.address, control.doorbell, config, torch_gate=torch_gate):
+    if not driver.adopt(control.memfd, control.doorbell, config, torch_gate=torch_gate):
         return False
     current.use_driver_gate()
     return True

@@ -115,7 +115,7 @@ def library() -> Any:
         if _library is None:
             lib = ctypes.CDLL(path)
             lib.gpreempt_driver_adopt.argtypes = [
-                ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                 ctypes.c_double, ctypes.c_double, ctypes.c_double,
             ]  # fmt: skip
             lib.gpreempt_driver_set_watch.argtypes = [
@@ -129,14 +129,15 @@ def library() -> Any:
         return _library
 
 
-def adopt(address: int, doorbell: int, config: DriverConfig, *, torch_gate: bool) -> bool:
-    """Hand the process's control block (its address here, and its doorbell) to the driver-level
-    gate; False where there is none or it already opened a channel of its own."""
+def adopt(memfd: int, doorbell: int, config: DriverConfig, *, torch_gate: bool) -> bool:
+    """Hand the process's control block (its memfd, which the gate maps for itself, and its
+    doorbell) to the driver-level gate; False where there is none or it already opened a
+    channel of its own."""
     lib = library()
     if lib is None:
         return False
     taken = lib.gpreempt_driver_adopt(
-        address,
+        memfd,
         doorbell,
         int(config.bound),
         int(config.auto_activity),

@@ -72,6 +72,7 @@ struct Gate {
   Config cfg;
   std::atomic<const WatchList*> watch{nullptr};
   std::atomic<bool> adopted{false};     // the block is the Python client's
+  uint64_t adopted_inode = 0;           // its memfd's inode
   std::atomic<bool> initialized{false};  // InitializeInjection ran
   std::atomic<bool> barriers_ok{true};  // a barrier failed: off for good
   std::atomic<bool> exiting{false};     // the process exits: no more driver calls

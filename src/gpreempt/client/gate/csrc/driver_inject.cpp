@@ -9,6 +9,8 @@
 // daemon backs a gate that does not hold with the driver lock.
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -263,17 +265,26 @@ __attribute__((visibility("default"))) int InitializeInjection() {
 }
 
 // The Python client hands its control block over before CUDA starts: 1 if taken, 0 if the gate
-// already has a block (its own channel, opened at cuInit).
+// already has a block (its own channel, opened at cuInit). The gate maps the block itself, and
+// never unmaps it: its page stays registered for the GPU's barriers, and a launch at exit, after
+// the interpreter let go of its own mapping, still finds it.
 __attribute__((visibility("default"))) int gpreempt_driver_adopt(
-    uintptr_t control, int doorbell, int bound, int auto_activity, int torch_gate,
-    double barrier_us, double window_ms, double idle_grace_ms) {
+    int memfd, int doorbell, int bound, int auto_activity, int torch_gate, double barrier_us,
+    double window_ms, double idle_grace_ms) {
   Gate& g = gate();
-  uint8_t* const ctl = reinterpret_cast<uint8_t*>(control);
-  if (g.ctl.load() == ctl && g.adopted.load()) {
+  struct stat st {};
+  if (fstat(memfd, &st) != 0 || st.st_size < static_cast<off_t>(kSize)) {
+    return 0;
+  }
+  if (g.ctl.load() != nullptr && g.adopted.load() && g.adopted_inode == st.st_ino) {
     g.cfg.torch_gate = g.cfg.torch_gate || torch_gate != 0;  // PyTorch came after CuPy
     return 1;
   }
   if (g.ctl.load() != nullptr) {
+    return 0;
+  }
+  void* mapped = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (mapped == MAP_FAILED) {
     return 0;
   }
   g.cfg.bound = bound != 0;
@@ -283,8 +294,9 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
   g.cfg.window_ms = window_ms;
   g.cfg.idle_grace_ms = idle_grace_ms;
   g.doorbell = dup(doorbell);
+  g.adopted_inode = st.st_ino;
   g.adopted.store(true);
-  g.ctl.store(ctl, std::memory_order_release);
+  g.ctl.store(static_cast<uint8_t*>(mapped), std::memory_order_release);
   if (g.initialized.load()) {
     publish_state(state.load());
   }
