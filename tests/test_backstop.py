@@ -221,9 +221,9 @@ def test_holds_are_checked_even_where_the_driver_has_no_lock() -> None:
     assert "no driver lock" in daemon.events.records[-1]["reason"]
 
 
-def test_a_gate_that_goes_on_by_itself_between_requests_is_no_leak() -> None:
-    # closed only while the tasks it watches are active (word 2V): once they are idle, its
-    # launches are allowed, and they count from then on
+def test_a_gate_closed_for_watched_tasks_is_not_counted() -> None:
+    # closed only while the tasks it watches are active (word 2V): it goes on by itself once
+    # they are idle, and while they are, its barriers hold on the GPU what it queues
     daemon, task, backstop = setup(FakeDriver())
     block = _Block("on")
     block.gate_word = 2

@@ -17,7 +17,8 @@ gate's barriers hold what it queued on its stream; a lock would wait for that he
 request ended, then stop the task's CPU while it unlocks. A driver-level gate that is not on
 (released to a profiler, its CUPTI subscriber taken) leaves work unseen: the lock backs it up.
 
-A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`, the
+A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`, while
+its gate word is closed outright (a hold by hand, or a watch list the gate does not have yet) the
 launches its driver-level gates saw must stand still (each held thread counts the one launch it
 holds). If they move on, the task's work escaped its gate: that is an ``error`` event, a count in
 its status (``hold_leaks``), and the driver lock for the rest of the suspension.
@@ -142,9 +143,7 @@ class Backstop:
                 continue
             launches = task.driver_launches
             if task.hold_baseline is None or not self._must_stand_still(task):
-                # a gate closed only while the tasks it watches are active goes on by itself
-                # once none is (policy/watch.py): its launches count from the next check
-                task.hold_baseline = launches
+                task.hold_baseline = launches  # counted from the next check
                 continue
             moved = launches - task.hold_baseline
             if moved <= LEAK_SLACK * max(1, len(task.controls)):
@@ -162,19 +161,13 @@ class Backstop:
                 ),
             )
 
-    def _must_stand_still(self, task: Task) -> bool:
-        """Whether nothing of ``task`` may run now: a gate of it is closed outright (an odd
-        word), or a more important task on its GPUs is active (its gate closed for watched
-        tasks holds while they are)."""
-        if any(c.gate_word % 2 == 1 for c in task.controls.values()):
-            return True
-        return any(
-            other.was_active
-            and not other.held
-            and other.priority > task.priority
-            and set(other.gpus) & set(task.gpus)
-            for other in self.registry.tasks.values()
-        )
+    @staticmethod
+    def _must_stand_still(task: Task) -> bool:
+        """Whether its gate stops every launch on the CPU now: the word of one of its gates is
+        closed outright (odd). A gate closed only while watched tasks are active (2V) goes on
+        by itself once none is, and while one is, its barriers hold the work on the GPU and
+        the CPU may queue on behind them (docs/gate.md): its launches then prove nothing."""
+        return any(c.gate_word % 2 == 1 for c in task.controls.values())
 
     def apply(self, now: float) -> None:
         """Check the holds; start locking every task held by its gate for the delay or longer
