@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
+from ..names import PolicyName
 from ..policy import Decision, Snapshot, TaskView, get_policy
 from ..priority import parse_priority
 
@@ -82,10 +83,8 @@ def _nothing() -> Iterator[None]:
 class GPUScheduler:
     """Priority scheduling between threads of one process (see the module docstring)."""
 
-    def __init__(self, policy: str = "hpf", *, gate: Any = None) -> None:
-        if policy not in ("hpf", "timeslice", "share"):
-            raise UsageError(f"unknown policy {policy!r}: choose hpf, timeslice or share")
-        self._policy = get_policy(policy)
+    def __init__(self, policy: str = PolicyName.HPF, *, gate: Any = None) -> None:
+        self._policy = get_policy(policy)  # a UsageError that lists them for an unknown one
         self._memory: Any = None
         self._words = mmap.mmap(-1, 4 * MAX_TASKS)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._words))

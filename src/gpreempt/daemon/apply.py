@@ -19,6 +19,7 @@ from ..control import CLOSED, ControlBlock, closed_while_watched
 from ..errors import GpreemptError, NoSuchProcess, ProtocolError
 from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
+from ..names import MechanismName
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
 from .event_log import EventLog
@@ -161,11 +162,11 @@ class Executor:
             if not mechanism.backed_up:
                 return self._suspend_failed(task, task.mechanism, exc, now)
             try:
-                used = mechanisms.get("signal").suspend(target)
+                used = mechanisms.get(MechanismName.SIGNAL).suspend(target)
             except NoSuchProcess:
                 return False
             except GpreemptError as fallback:
-                return self._suspend_failed(task, "signal", fallback, now)
+                return self._suspend_failed(task, MechanismName.SIGNAL, fallback, now)
         latency_ms = (time.perf_counter() - start) * 1e3
         turn = reason == "turn"
         stopped = TaskState.WAITING_TURN if turn else TaskState.SUSPENDED
@@ -206,7 +207,7 @@ class Executor:
 
     def resume(self, task: Task, reason: str) -> bool:
         """Resume ``task`` with the mechanism that suspended it; returns whether it did."""
-        used = task.suspended_with or "signal"
+        used = task.suspended_with or MechanismName.SIGNAL
         start = time.perf_counter()
         self.host.backstop.release(task)
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MechanismFailed, MechanismUnavailable, UsageError
-from ..mechanisms import kind
+from ..mechanisms import MechanismName, kind
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
@@ -213,7 +213,7 @@ class MemoryManager:
             # Evicted while running: it stays locked after its restore until the policy lets
             # it run, like any task the lock mechanism suspended.
             task.preemptions += 1
-        change_state(task, TaskState.EVICTED, now=time.monotonic(), mechanism="lock")
+        change_state(task, TaskState.EVICTED, now=time.monotonic(), mechanism=MechanismName.LOCK)
         # The lock taken here is not the policy's suspension: undo it right after restore.
         task.evict_unlock = not kind(task.suspended_with).holds_driver_lock
         self.events.write(
