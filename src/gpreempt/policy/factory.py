@@ -10,19 +10,15 @@ are idle (``policy/sleep.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..names import PolicyName
 from .hpf import decide_hpf
 from .inflight import DEFAULT_BUDGET_MS
 from .share import decide_share
-from .snapshot import Decision, Snapshot
+from .snapshot import Policy
 from .timeslice import decide_timeslice
 from .turns import DEFAULT_TURN_MS, TurnSettings
-
-Policy = Callable[[Snapshot, Any], Decision]
 
 #: The registry: each policy's ``decide`` by its name (one entry per :class:`PolicyName`), as
 #: ``gpreempt serve --policy`` offers them.
