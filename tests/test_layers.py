@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "nvml": 0,
     "field_checks": 0,
     "messages": 0,
+    "names": 0,
     "policy": 1,
     "mechanisms": 2,
     "daemon": 3,

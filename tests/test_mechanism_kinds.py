@@ -5,15 +5,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gpreempt.mechanisms import KINDS, NAMES, Mechanism, kind
+from gpreempt.mechanisms import Mechanism, kind
+from gpreempt.names import MechanismName
 
 DAEMON_DIR = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "daemon"
-
-
-def test_every_name_has_its_class() -> None:
-    assert set(KINDS) == set(NAMES)
-    for name, cls in KINDS.items():
-        assert cls.name == name
 
 
 def test_capabilities() -> None:
@@ -24,6 +19,7 @@ def test_capabilities() -> None:
     assert kind("signal").stops_process and not kind("signal").in_process
     assert kind("kfd").stops_process and kind("kfd").unmaps_queues
     assert not any(kind(n).backed_up for n in ("gate", "lock", "signal", "kfd"))
+    assert [n for n in MechanismName if kind(n).chooses] == [MechanismName.AUTO]
 
 
 def test_no_mechanism_is_nothing_in_particular() -> None:
@@ -43,6 +39,6 @@ def test_the_daemon_compares_no_mechanism_name() -> None:
             for side in (node.left, *node.comparators):
                 values = side.elts if isinstance(side, ast.Tuple) else [side]
                 for value in values:
-                    if isinstance(value, ast.Constant) and value.value in NAMES:
+                    if isinstance(value, ast.Constant) and value.value in MechanismName.texts():
                         found.append(f"{path.name}:{node.lineno} compares with {value.value!r}")
     assert not found, "; ".join(found)

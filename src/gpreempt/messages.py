@@ -27,6 +27,7 @@ from .field_checks import (
     text,
     whole,
 )
+from .names import MechanismName
 from .priority import parse_priority
 
 
@@ -36,14 +37,21 @@ def _gpu_index(value: Any) -> int:
 
 @dataclass(frozen=True)
 class TaskFields:
-    """What a task is registered with (``gpreempt run`` / ``attach`` options)."""
+    """What a task is registered with (``gpreempt run`` / ``attach`` options, the Python API).
+
+    Built from the wire, from command-line options or by the client alike, it parses its
+    priority (a name such as ``"high"``, or a number) and its mechanism's name itself: the
+    one place they are parsed, so a bad one is the same clear UsageError wherever it comes
+    from, and every holder reads an int and a :class:`~gpreempt.names.MechanismName`.
+    """
 
     #: Its name (None: the process's name); the daemon makes it unique per owner.
     name: str | None = None
+    #: Larger = more important (gpreempt.priority); a priority's name is turned into its number.
     priority: int = 0
     gpus: tuple[int, ...] = (0,)
     #: The mechanism asked for (``auto``: the default).
-    mechanism: str = "auto"
+    mechanism: MechanismName = MechanismName.AUTO
     always_active: bool = False
     timeslice_ms: float | None = None
     min_share: float | None = None
@@ -51,6 +59,10 @@ class TaskFields:
     reserve_bytes: int = 0
     #: Check now that the mechanism can act on the process (a running process: ``attach``).
     check: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "priority", parse_priority(self.priority))
+        object.__setattr__(self, "mechanism", MechanismName.parse(self.mechanism, "mechanism"))
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> TaskFields:
@@ -63,7 +75,7 @@ class TaskFields:
         if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
             raise UsageError(f"gpus must be a list of 1 to {MAX_GPUS} GPU indexes")
         gpus = tuple(_gpu_index(g) for g in raw_gpus)
-        mechanism = text(message.get("mechanism"), "mechanism") or "auto"
+        mechanism = text(message.get("mechanism"), "mechanism") or MechanismName.AUTO
         check = flag(message.get("check"), "check")
         timeslice = message.get("timeslice_ms")
         if timeslice is not None:
@@ -76,7 +88,7 @@ class TaskFields:
         reserve = whole(reserve, "--reserve-memory", 0, MAX_RESERVE_BYTES)
         return cls(
             name=name,
-            priority=parse_priority(message.get("priority", 0)),
+            priority=message.get("priority", 0),
             gpus=gpus,
             mechanism=mechanism,
             always_active=flag(message.get("always_active"), "always_active"),

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..names import MechanismName
 from .load import poisson_arrivals
 from .stats import latency_summary
 
@@ -124,7 +125,7 @@ def run_scenario(
     b_out = workdir / f"{name}-b.json"
     trainer = None
     if name != "alone":
-        under = ["--priority", "low", "--mechanism", "signal", "--name", "case-b"]
+        under = ["--priority", "low", "--mechanism", MechanismName.SIGNAL, "--name", "case-b"]
         trainer = subprocess.Popen(
             _python(["train", "--out", str(b_out)], runtime_dir, under if managed else None),
             env=env,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpreemptError
+from ..names import PolicyName
 from . import daemon_events
 from .child_process import Child
 from .scenario_catalog import ScenarioFailed
@@ -29,7 +30,7 @@ class PrivateDaemon:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="gpb-"))
         self.child: Child | None = None
 
-    def start(self, env: dict[str, str], policy: str = "hpf") -> None:
+    def start(self, env: dict[str, str], policy: str = PolicyName.HPF) -> None:
         argv = [*self.gpreempt, "serve", "--runtime-dir", str(self.runtime_dir)]
         argv += ["--policy", policy, *self.serve_args]
         self.child = Child.start("daemon", argv, env, self.directory)

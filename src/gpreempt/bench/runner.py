@@ -17,8 +17,10 @@ from typing import Any
 
 from .. import __version__
 from ..errors import UsageError
-from . import load, plots, report, stats
+from .load import arrival_rate, poisson_arrivals
 from .memory_pressure import MemoryPlan, make_plan, probe_gpu
+from .plots import all_plots
+from .report import render
 from .scenario_catalog import (
     A_AFTER,
     ALL_SCENARIOS,
@@ -28,6 +30,7 @@ from .scenario_catalog import (
 )
 from .scenario_metrics import b_rate, combine_memory_flags, scenario_metrics, sequential_metrics
 from .scenarios import Harness, RawScenario, calibrate, run_scenario
+from .stats import combine_repeats, latency_summary
 from .workload_argv import Workloads
 
 REFERENCES = ("a-alone", "b-alone")
@@ -71,7 +74,7 @@ class BenchConfig:
             raise UsageError(f"--bg must be at least 1, got {self.bg}")
         if self.repeats < 1:
             raise UsageError(f"--repeats must be at least 1, got {self.repeats}")
-        load.arrival_rate(self.load, 1.0)  # checks the range
+        arrival_rate(self.load, 1.0)  # checks the range
         check_scenarios(self.scenarios)
         make_plan({}, 1.0, self.ballast_gib, self.growth_gib, self.reserve_gib, self.growth_at_s)
 
@@ -135,8 +138,8 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         )
         service_ms = calibrate(harness, out / "calibration", config.calibrate_requests, config.load)
         service_s = statistics.fmean(service_ms) / 1000.0
-        rate = load.arrival_rate(config.load, service_s)
-        offsets = load.poisson_arrivals(config.requests, rate, config.seed)
+        rate = arrival_rate(config.load, service_s)
+        offsets = poisson_arrivals(config.requests, rate, config.seed)
         (out / "arrivals.json").write_text(json.dumps(offsets))
         harness = Harness(
             config.workloads,
@@ -174,12 +177,12 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
     per_repeat = [_rows(raws, names) for raws in runs]
     scenarios = {
         name: combine_memory_flags(
-            stats.combine_repeats([rows[name] for rows in per_repeat]),
+            combine_repeats([rows[name] for rows in per_repeat]),
             [rows[name] for rows in per_repeat],
         )
         for name in names
     }
-    calib = stats.latency_summary(service_ms)
+    calib = latency_summary(service_ms)
     params = {
         "load": config.load,
         "requests": config.requests,
@@ -216,9 +219,9 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         "params": params,
         "scenarios": scenarios,
     }
-    results["plots"] = list(plots.all_plots(runs[0], out))
+    results["plots"] = list(all_plots(runs[0], out))
     (out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
-    (out / "report.md").write_text(report.render(results))
+    (out / "report.md").write_text(render(results))
     return results
 
 

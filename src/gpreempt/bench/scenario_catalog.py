@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import GpreemptError, UsageError
+from ..names import MechanismName, PolicyName
 
 BASELINES = ("a-alone", "b-alone", "sequential", "time-sliced", "stream-priority")
 MPS_SCENARIOS = ("mps", "mps-priority")
@@ -23,7 +24,7 @@ MPS_B_PRIORITY: dict[str, str | None] = {
     GATE_MPS_SCENARIO: "1",
 }
 #: Mechanisms forced with ``--mechanism`` (scenario ``gpreempt`` names none: the default).
-MECHANISMS = ("signal", "lock", "gate")
+MECHANISMS = (MechanismName.SIGNAL, MechanismName.LOCK, MechanismName.GATE)
 #: ``gpreempt``: both tasks with nothing but their priority set, as users run them.
 DEFAULT_SCENARIO = "gpreempt"
 #: The same, with a server that never calls ``gpreempt.request()``.
@@ -78,7 +79,7 @@ DESCRIPTIONS = {
 class DaemonSetup:
     """How a scenario with a private daemon starts it and its tasks."""
 
-    policy: str = "hpf"
+    policy: str = PolicyName.HPF
     b_mechanism: str | None = None  # None: the default (no --mechanism)
     b_options: tuple[str, ...] = ()
     a_request: bool = True  # Case-A marks its requests with gpreempt.request()
@@ -88,9 +89,11 @@ DAEMON_SETUPS: dict[str, DaemonSetup] = {
     DEFAULT_SCENARIO: DaemonSetup(),
     NO_REQUEST_SCENARIO: DaemonSetup(a_request=False),
     **{f"gpreempt-{m}": DaemonSetup(b_mechanism=m) for m in MECHANISMS},
-    GATE_MPS_SCENARIO: DaemonSetup(b_mechanism="gate"),
-    "gpreempt-timeslice": DaemonSetup(policy="timeslice"),
-    "gpreempt-share": DaemonSetup(policy="share", b_options=("--min-share", str(SHARE_MIN))),
+    GATE_MPS_SCENARIO: DaemonSetup(b_mechanism=MechanismName.GATE),
+    "gpreempt-timeslice": DaemonSetup(policy=PolicyName.TIMESLICE),
+    "gpreempt-share": DaemonSetup(
+        policy=PolicyName.SHARE, b_options=("--min-share", str(SHARE_MIN))
+    ),
     "memory-pressure": DaemonSetup(),
 }
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from typing import Any
 
 from ..errors import UsageError
-from ..mechanisms import NAMES as MECHANISMS
+from ..messages import TaskFields
+from ..names import MechanismName
 from ..policy.share import check_min_share
 from ..policy.timeslice import check_timeslice_ms
-from ..priority import parse_priority
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?))?b?\s*$", re.IGNORECASE)
 _POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
@@ -55,8 +56,8 @@ def add_mechanism_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mechanism",
         "-m",
-        default="auto",
-        choices=MECHANISMS,
+        default=MechanismName.AUTO,
+        choices=MechanismName.texts(),
         help="how to suspend the task: gate (in-process launch gate; on NVIDIA it also holds "
         "queued work on the GPU with stream barriers, so a training task keeps the most "
         "throughput), lock (NVIDIA driver lock), signal (SIGSTOP/SIGCONT), kfd (AMD: "
@@ -93,18 +94,20 @@ def parse_size(value: str | None) -> int:
     return int(float(number) * base ** _POWERS[prefix.lower()])
 
 
-def task_fields(args: argparse.Namespace) -> dict[str, object]:
-    """The registration fields common to run and attach, validated."""
-    priority = parse_priority(args.priority)
+def task_fields(args: argparse.Namespace, **extra: Any) -> TaskFields:
+    """What run and attach register the task with, checked before anything starts (the
+    priority and the mechanism by TaskFields itself); ``extra``: the other fields."""
     if args.timeslice_ms is not None:
         check_timeslice_ms(args.timeslice_ms)
     if args.min_share is not None:
         check_min_share(args.min_share)
-    return {
-        "priority": priority,
-        "gpus": parse_gpus(args.gpu),
-        "name": args.name,
-        "always_active": args.always_active,
-        "timeslice_ms": args.timeslice_ms,
-        "min_share": args.min_share,
-    }
+    return TaskFields(
+        priority=args.priority,
+        gpus=parse_gpus(args.gpu),
+        name=args.name,
+        mechanism=args.mechanism,
+        always_active=args.always_active,
+        timeslice_ms=args.timeslice_ms,
+        min_share=args.min_share,
+        **extra,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..client.connection import DaemonClient
+from ..messages import RegisterRequest
 from . import add_runtime_dir, process_id
 from ._task_options import add_mechanism_option, add_task_options, task_fields
 
@@ -29,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = task_fields(args)
+    fields = task_fields(args, check=True)
     with DaemonClient.connect(args.runtime_dir) as client:
-        reply = client.register(args.pid, mechanism=args.mechanism, check=True, **fields)
+        reply = client.send(RegisterRequest(pid=args.pid, task=fields))
     task = reply["task"]
     print(
         f"registered pid {task['pid']} as {task['name']!r} (priority {task['priority_name']}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
+from ..names import MechanismName
 from . import add_runtime_dir
 from ._task_options import add_mechanism_option, add_task_options, parse_size, task_fields
 
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..client.launcher import Launcher, TaskSpec
+    from ..client.launcher import Launcher
     from ..config import idle_grace_ms, request_linger_ms, request_warm
 
     idle_grace_ms(), request_linger_ms(), request_warm()  # a bad setting fails here, not in CMD
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command given: use `gpreempt run [OPTIONS] -- CMD ARGS...`")
-    if args.mechanism == "kfd":  # refuse before anything starts, with the reason
+    if args.mechanism == MechanismName.KFD:  # refuse before anything starts, with the reason
         from ..errors import MechanismUnavailable
         from ..mechanisms.kfd_session import check_available
 
@@ -61,8 +62,5 @@ def run(args: argparse.Namespace) -> int:
             raise MechanismUnavailable(
                 f"mechanism 'kfd' is not available here: {exc}; use --mechanism gate or signal"
             ) from None
-    fields = task_fields(args)
-    spec = TaskSpec(
-        mechanism=args.mechanism, reserve_bytes=parse_size(args.reserve_memory), **fields
-    )
+    spec = task_fields(args, reserve_bytes=parse_size(args.reserve_memory))
     return Launcher(command, spec, args.runtime_dir, args.policy).run()

@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import SOCKET_NAME
+from ..names import MechanismName
 
-MECHANISMS = ("gate", "lock", "signal", "kfd")
+MECHANISMS = (MechanismName.GATE, MechanismName.LOCK, MechanismName.SIGNAL, MechanismName.KFD)
 
 #: The job: counts steps of work into a file (GPU work waits for the GPU at each step, so a
 #: step counts only once the GPU did it).
@@ -139,7 +140,7 @@ def _exists(mechanism: str, mode: str) -> Row:
     from ..errors import MechanismUnavailable
 
     row = Row(mechanism, exists=True)
-    if mechanism == "gate":
+    if mechanism == MechanismName.GATE:
         if mode == "python":
             row.exists, row.note = False, "needs PyTorch"
             return row
@@ -151,12 +152,12 @@ def _exists(mechanism: str, mode: str) -> Row:
             row.note = f"the C++ gate cannot be built ({exc}); the Python fallback is used"
         if mode == "cpu":
             row.note = "CPU tensors: launches stop, no GPU work to drain"
-    elif mechanism == "lock":
+    elif mechanism == MechanismName.LOCK:
         from ..mechanisms.cuda_driver import try_driver
 
         if try_driver() is None:
             row.exists, row.note = False, "no NVIDIA driver with the checkpoint API (r570+)"
-    elif mechanism == "kfd":
+    elif mechanism == MechanismName.KFD:
         from ..mechanisms.kfd_session import check_available
 
         try:
@@ -166,7 +167,7 @@ def _exists(mechanism: str, mode: str) -> Row:
         else:
             if mode != "gpu":
                 row.exists, row.note = False, "PyTorch sees no GPU to run a job on"
-    elif mechanism == "signal" and mode == "gpu":
+    elif mechanism == MechanismName.SIGNAL and mode == "gpu":
         row.note = "stops the CPU side; GPU work already queued still drains"
     return row
 
@@ -197,7 +198,7 @@ def _exercise(row: Row, runtime: Path, tmp: Path, mode: str) -> None:
     """Run the job under ``row.mechanism``, suspend it, resume it, and fill in the row."""
     name = f"selftest-{row.mechanism}"
     counter = tmp / f"{name}.count"
-    job_mode = "python" if row.mechanism == "signal" and mode != "gpu" else mode
+    job_mode = "python" if row.mechanism == MechanismName.SIGNAL and mode != "gpu" else mode
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below
     command = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(runtime)]
     command += ["--mechanism", row.mechanism, "--priority", "low", "--name", name]

@@ -8,6 +8,7 @@ import sys
 
 from ..config import resolve_runtime_dir
 from ..errors import UsageError
+from ..names import PolicyName
 from . import add_runtime_dir, port_number
 
 
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_runtime_dir(parser)
     parser.add_argument(
         "--policy",
-        default="hpf",
+        default=PolicyName.HPF,
         choices=sorted(POLICIES),
         help="scheduling policy (default: hpf = strict priority)",
     )

@@ -6,7 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..priority import parse_priority
+from ..messages import TaskFields
+from ..names import MechanismName
 from . import session
 from .connection import DaemonClient
 
@@ -16,7 +17,7 @@ def attach(
     *,
     name: str | None = None,
     gpus: Sequence[int] = (0,),
-    mechanism: str = "auto",
+    mechanism: str = MechanismName.AUTO,
     always_active: bool = False,
     runtime_dir: str | os.PathLike[str] | None = None,
     gate: bool = True,
@@ -25,13 +26,14 @@ def attach(
 
     For code that opts in without ``gpreempt run``. The task ends when the process exits.
     """
-    register = {
-        "priority": parse_priority(priority),
-        "name": name,
-        "gpus": list(gpus),
-        "mechanism": mechanism,
-        "always_active": always_active,
-    }
+    fields = TaskFields(  # checked here, before anything is opened
+        name=name,
+        priority=priority,
+        gpus=tuple(gpus),
+        mechanism=mechanism,
+        always_active=always_active,
+    )
+    register = fields.to_wire()
     current = session.open_session(None if runtime_dir is None else str(runtime_dir), register)
     if gate:
         import sys

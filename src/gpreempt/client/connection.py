@@ -11,7 +11,7 @@ from typing import Any
 from ..config import SOCKET_NAME, resolve_runtime_dir
 from ..errors import DaemonUnavailable
 from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
-from ..priority import parse_priority
+from ..names import MechanismName
 from ..protocol import Connection, Message
 
 
@@ -62,16 +62,17 @@ class DaemonClient:
         name: str | None = None,
         priority: int | str = 0,
         gpus: Sequence[int] = (0,),
-        mechanism: str = "auto",
+        mechanism: str = MechanismName.AUTO,
         always_active: bool = False,
         owned: bool = False,
         **options: Any,
     ) -> Message:
         """Register ``pid`` as a task. ``owned``: the task ends when this connection closes.
-        ``options``: the other fields of :class:`~gpreempt.messages.TaskFields`."""
+        ``options``: the other fields of :class:`~gpreempt.messages.TaskFields`, which
+        checks them all (a priority's name becomes its number there)."""
         task = TaskFields(
             name=name,
-            priority=parse_priority(priority),
+            priority=priority,
             gpus=tuple(gpus),
             mechanism=mechanism,
             always_active=always_active,

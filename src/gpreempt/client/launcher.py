@@ -23,9 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..config import (
     DAEMON_LOG_NAME,
@@ -36,7 +34,9 @@ from ..config import (
     resolve_runtime_dir,
 )
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
+from ..mechanisms import kind
 from ..mechanisms.cuda_driver import release_process
+from ..messages import RegisterRequest, TaskFields
 from .connection import DaemonClient
 
 #: How long to wait for a daemon we started to answer.
@@ -59,32 +59,6 @@ _WAIT_THEN_EXEC = (
 AGENT_SITE = Path(__file__).resolve().parent / "_agent_site"
 #: The directory that holds the ``gpreempt`` package (``src/`` of a checkout).
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class TaskSpec:
-    """What ``gpreempt run`` registers for its command."""
-
-    priority: int
-    gpus: tuple[int, ...] = (0,)
-    name: str | None = None
-    mechanism: str = "auto"
-    always_active: bool = False
-    timeslice_ms: float | None = None
-    min_share: float | None = None
-    reserve_bytes: int = 0
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "priority": self.priority,
-            "gpus": list(self.gpus),
-            "mechanism": self.mechanism,
-            "always_active": self.always_active,
-            "timeslice_ms": self.timeslice_ms,
-            "min_share": self.min_share,
-            "reserve_bytes": self.reserve_bytes,
-        }
 
 
 def say(message: str) -> None:
@@ -156,7 +130,7 @@ def _env_with_package(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def child_environment(runtime_dir: Path, spec: TaskSpec | None = None) -> dict[str, str]:
+def child_environment(runtime_dir: Path, spec: TaskFields | None = None) -> dict[str, str]:
     """The command's environment: where the daemon is, the in-process client on PYTHONPATH,
     and the driver-level gate in ``CUDA_INJECTION64_PATH`` (for ``spec``'s task)."""
     env = os.environ.copy()
@@ -179,8 +153,10 @@ class Launcher:
     """Runs one command under the daemon, from start to exit code."""
 
     def __init__(
-        self, command: list[str], spec: TaskSpec, runtime_dir: str | None, policy: str | None
+        self, command: list[str], spec: TaskFields, runtime_dir: str | None, policy: str | None
     ) -> None:
+        """``spec``: what the command is registered with; ``policy``: the policy of a daemon
+        this launcher starts (none: the daemon's default)."""
         if not command:
             raise UsageError("no command given: use `gpreempt run [OPTIONS] -- CMD ARGS...`")
         self.command = command
@@ -207,7 +183,7 @@ class Launcher:
             )
         finally:
             os.close(go_r)
-        if self.spec.mechanism == "kfd":  # KFD answers the ptrace parent: trace the command
+        if kind(self.spec.mechanism).unmaps_queues:  # KFD answers the ptrace parent: trace it
             from ..tracer import traced
 
             try:
@@ -239,7 +215,7 @@ class Launcher:
 
     def _register(self, client: DaemonClient) -> None:
         assert self.process is not None
-        client.register(self.process.pid, owned=True, **self.spec.fields())
+        client.send(RegisterRequest(pid=self.process.pid, task=self.spec, owned=True))
 
     def _supervise(self) -> int:
         assert self.process is not None

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from ..policy import Decision, Snapshot, TaskView, get_policy
+from ..names import PolicyName
+from ..policy import Snapshot, TaskView, get_policy
+from ..policy.loop import LoopState, credit_run_time, run_pass
 from ..priority import parse_priority
 
 MAX_TASKS = 64
@@ -82,11 +84,10 @@ def _nothing() -> Iterator[None]:
 class GPUScheduler:
     """Priority scheduling between threads of one process (see the module docstring)."""
 
-    def __init__(self, policy: str = "hpf", *, gate: Any = None) -> None:
-        if policy not in ("hpf", "timeslice", "share"):
-            raise UsageError(f"unknown policy {policy!r}: choose hpf, timeslice or share")
-        self._policy = get_policy(policy)
-        self._memory: Any = None
+    def __init__(self, policy: str = PolicyName.HPF, *, gate: Any = None) -> None:
+        self._policy = get_policy(policy)  # a UsageError that lists them for an unknown one
+        #: What the last scheduling pass handed the next (policy/loop.py).
+        self._loop = LoopState()
         self._words = mmap.mmap(-1, 4 * MAX_TASKS)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._words))
         self._tasks: dict[str, SchedTask] = {}
@@ -216,7 +217,7 @@ class GPUScheduler:
 
     def _enter(self, task: SchedTask) -> None:
         with self._lock:
-            self._account(time.monotonic())  # time so far counts under the old activity
+            self._account(time.monotonic())
             task.requests += 1
             if task.requests == 1:
                 self._reschedule()
@@ -230,19 +231,17 @@ class GPUScheduler:
 
     # ------------------------------------------------------------------ policy
     def _account(self, now: float) -> None:
+        """Count the time suspended since the last call (the policy's run time is counted by
+        each scheduling pass)."""
         elapsed = now - self._last_account
         self._last_account = now
         for task in self._tasks.values():
             if task.suspended:
                 task.suspended_seconds += elapsed
-            elif task.active:
-                task.run_seconds += elapsed
 
-    def _reschedule(self) -> None:
-        """Ask the policy (lock held) and set each task's word."""
-        now = time.monotonic()
-        self._account(now)
-        snapshot = Snapshot(
+    def _snapshot(self, now: float) -> Snapshot:
+        """The tasks as the policy sees them, with their run time as of the last pass."""
+        return Snapshot(
             now=now,
             tasks=tuple(
                 TaskView(
@@ -257,14 +256,21 @@ class GPUScheduler:
                 for t in self._tasks.values()
             ),
         )
-        decision: Decision = self._policy(snapshot, self._memory)
-        self._memory = decision.memory
-        for task in self._tasks.values():
-            suspended = task.task_id in decision.suspend
-            if suspended != task.suspended:
-                task.suspended = suspended
-                ctypes.c_uint32.from_address(task.word_address).value = 1 if suspended else 0
-        self._wake_at = decision.wake_at
+
+    def _reschedule(self) -> None:
+        """Run a scheduling pass (lock held) and set the word of each task it changes."""
+        now = time.monotonic()
+        self._account(now)
+        step = run_pass(self._policy, self._loop, self._snapshot(now))
+        self._loop = step.state
+        by_id = {t.task_id: t for t in self._tasks.values()}
+        for task_id, run_seconds in step.run_seconds().items():
+            by_id[task_id].run_seconds = run_seconds
+        for task_id in step.suspend | step.resume:
+            task = by_id[task_id]
+            task.suspended = task_id in step.suspend
+            ctypes.c_uint32.from_address(task.word_address).value = 1 if task.suspended else 0
+        self._wake_at = step.wake_at
         self._changed.notify_all()
 
     def _timer_loop(self) -> None:
@@ -337,12 +343,17 @@ class GPUScheduler:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            self._account(time.monotonic())
+            now = time.monotonic()
+            self._account(now)
+            run = {
+                view.task_id: view.run_seconds
+                for view in credit_run_time(self._loop, self._snapshot(now)).tasks
+            }
             return {
                 t.name: {
                     "priority": t.priority,
                     "calls": t.calls,
-                    "run_seconds": round(t.run_seconds, 6),
+                    "run_seconds": round(run[t.task_id], 6),
                     "suspended_seconds": round(t.suspended_seconds, 6),
                     "suspended": t.suspended,
                 }

@@ -19,6 +19,7 @@ from ..control import CLOSED, ControlBlock, closed_while_watched
 from ..errors import GpreemptError, NoSuchProcess, ProtocolError
 from ..mechanisms import MechanismSet
 from ..mechanisms.base import Target
+from ..names import MechanismName
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
 from .event_log import EventLog
@@ -26,7 +27,7 @@ from .identity import GroupCensus
 from .peer import Peer
 from .plan import Plan, WatchList
 from .registry import Registry, Task
-from .task_state import TaskState, change_state
+from .task_state import StateLog, TaskState
 
 
 class Host(Protocol):
@@ -50,6 +51,11 @@ class Executor:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @property
+    def states(self) -> StateLog:
+        """How a task's state changes, and is told (the metrics may be set after start)."""
+        return StateLog(self.host.events, self.host.metrics)
+
     # ------------------------------------------------------------------ plans
     def apply_suspensions(self, plan: Plan, now: float) -> bool:
         """Suspend, then resume, as ``plan`` says; returns whether any task's state changed
@@ -68,11 +74,11 @@ class Executor:
             if task.state in (TaskState.SUSPENDED, TaskState.WAITING_TURN) and (
                 task.state is not wanted
             ):
-                change_state(task, wanted, now=now)
+                self.states.settled(task, wanted, now=now)
         for task_id in plan.protected_again:
             task = tasks[task_id]  # no longer unprotected: nothing to stop
             if task.state is TaskState.UNPROTECTED:
-                change_state(task, TaskState.RUNNING, now=now)
+                self.states.settled(task, TaskState.RUNNING, now=now)
             else:
                 task.suspend_error = None  # the reason of a failure before it was evicted
             changed = True
@@ -161,32 +167,26 @@ class Executor:
             if not mechanism.backed_up:
                 return self._suspend_failed(task, task.mechanism, exc, now)
             try:
-                used = mechanisms.get("signal").suspend(target)
+                used = mechanisms.get(MechanismName.SIGNAL).suspend(target)
             except NoSuchProcess:
                 return False
             except GpreemptError as fallback:
-                return self._suspend_failed(task, "signal", fallback, now)
+                return self._suspend_failed(task, MechanismName.SIGNAL, fallback, now)
         latency_ms = (time.perf_counter() - start) * 1e3
         turn = reason == "turn"
-        stopped = TaskState.WAITING_TURN if turn else TaskState.SUSPENDED
-        change_state(task, stopped, now=time.monotonic(), mechanism=used)
         if turn:
             task.turns += 1
         else:
             task.preemptions += 1
         task.last_suspend_ms = round(latency_ms, 4)
-        self.host.events.write(
-            "suspend",
-            **task.event_fields(),
+        self.states.suspended(
+            task,
+            turn=turn,
             mechanism=used,
             latency_ms=latency_ms,
             reason=reason or ("held" if task.held else "policy"),
+            now=time.monotonic(),
         )
-        metrics = self.host.metrics
-        if metrics is not None and turn:
-            metrics.on_turn(task.gpu, task.name)
-        elif metrics is not None:
-            metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
         return True
 
     def _suspend_failed(self, task: Task, mechanism: str, exc: Exception, now: float) -> bool:
@@ -199,14 +199,13 @@ class Executor:
             self.host.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
         if task.suspend_error == reason:
             return False
-        change_state(task, TaskState.UNPROTECTED, now=now, error=reason)
-        self.host.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
+        self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now)
         self.host.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
 
     def resume(self, task: Task, reason: str) -> bool:
         """Resume ``task`` with the mechanism that suspended it; returns whether it did."""
-        used = task.suspended_with or "signal"
+        used = task.suspended_with or MechanismName.SIGNAL
         start = time.perf_counter()
         self.host.backstop.release(task)
         try:
@@ -222,20 +221,9 @@ class Executor:
             )
             return False
         latency_ms = (time.perf_counter() - start) * 1e3
-        now = time.monotonic()
-        suspended_for = now - (task.suspended_since or now)
-        task.suspended_seconds += suspended_for
-        change_state(task, TaskState.RUNNING, now=now)
-        self.host.events.write(
-            "resume",
-            **task.event_fields(),
-            mechanism=used,
-            latency_ms=latency_ms,
-            reason=reason,
-            suspended_ms=round(suspended_for * 1e3, 4),
+        task.suspended_seconds += self.states.resumed(
+            task, mechanism=used, latency_ms=latency_ms, reason=reason, now=time.monotonic()
         )
-        if self.host.metrics is not None:
-            self.host.metrics.on_resume(task.gpu, task.name, suspended_for)
         return True
 
     def target(self, task: Task) -> Target:

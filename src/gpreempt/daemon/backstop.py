@@ -32,7 +32,7 @@ import threading
 import time
 
 from ..errors import GpreemptError
-from ..mechanisms import kind
+from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from .event_log import EventLog
 from .registry import Registry, Task
@@ -219,7 +219,7 @@ class Backstop:
                     self.events.write(
                         "error",
                         **task.event_fields(),
-                        mechanism="lock",
+                        mechanism=MechanismName.LOCK,
                         reason=f"backstop lock failed: {error}",
                     )
             elif cancelled:  # resumed or gone while the lock was being taken
@@ -230,7 +230,7 @@ class Backstop:
                 self.events.write(
                     "backstop",
                     **task.event_fields(),
-                    mechanism="lock",
+                    mechanism=MechanismName.LOCK,
                     latency_ms=latency_ms,
                     reason=f"held by its gate for {self.delay_s * 1e3:g} ms",
                 )
@@ -262,6 +262,6 @@ class Backstop:
                 self.events.write(
                     "error",
                     **task.event_fields(),
-                    mechanism="lock",
+                    mechanism=MechanismName.LOCK,
                     reason=f"backstop unlock failed: {exc}",
                 )

@@ -28,7 +28,7 @@ from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
 from .event_log import EventLog
 from .registry import Registry, Task
-from .task_state import TaskState, change_state
+from .task_state import StateLog
 
 #: A task evicted for another's reserve comes back this long after the reserve is released.
 RESTORE_AFTER_S = 2.0
@@ -177,6 +177,10 @@ class MemoryManager:
         return CheckpointDriver.get()
 
     # ------------------------------------------------------------------ operations
+    def _states(self) -> StateLog:
+        """How an eviction or a restore changes the task's state, and is told."""
+        return StateLog(self.events, self.metrics)
+
     def evict(self, task: Task, reason: str) -> None:
         if task.evicted:
             raise UsageError(f"task {task.name!r} is already evicted")
@@ -213,20 +217,11 @@ class MemoryManager:
             # Evicted while running: it stays locked after its restore until the policy lets
             # it run, like any task the lock mechanism suspended.
             task.preemptions += 1
-        change_state(task, TaskState.EVICTED, now=time.monotonic(), mechanism="lock")
+        self._states().evicted(
+            task, moved=footprint, seconds=seconds, reason=reason, now=time.monotonic()
+        )
         # The lock taken here is not the policy's suspension: undo it right after restore.
         task.evict_unlock = not kind(task.suspended_with).holds_driver_lock
-        self.events.write(
-            "evict",
-            **task.event_fields(),
-            mechanism="evict",
-            latency_ms=seconds * 1e3,
-            reason=reason,
-            bytes=footprint,
-            gb_per_s=round(footprint / seconds / 1e9, 3) if seconds > 0 else None,
-        )
-        if self.metrics is not None:
-            self.metrics.on_evict(task.gpu, task.name, footprint, seconds)
         self.on_change("evict")
 
     def restore(self, task: Task, reason: str) -> bool:
@@ -255,20 +250,11 @@ class MemoryManager:
             )
         if task.evict_unlock:
             driver.unlock(task.pid)
-        change_state(task, TaskState.SUSPENDED, now=time.monotonic())
+        self._states().restored(
+            task, moved=task.evicted_bytes, seconds=seconds, reason=reason, now=time.monotonic()
+        )
         self.pending_restore.discard(task.task_id)
         self.auto_evicted.discard(task.task_id)
-        self.events.write(
-            "restore",
-            **task.event_fields(),
-            mechanism="evict",
-            latency_ms=seconds * 1e3,
-            reason=reason,
-            bytes=task.evicted_bytes,
-            gb_per_s=round(task.evicted_bytes / seconds / 1e9, 3) if seconds > 0 else None,
-        )
-        if self.metrics is not None:
-            self.metrics.on_restore(task.gpu, task.name, task.evicted_bytes, seconds)
         # Still locked: the daemon's next scheduling pass lets it run if the policy allows.
         self.on_change("restore")
         return True

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GpreemptError
-from ..mechanisms import kind
+from ..mechanisms import MechanismName, kind
 from ..mechanisms.base import Target
 from ..mechanisms.cuda_driver import release_process
 from ..procinfo import alive, open_verified
@@ -184,7 +184,11 @@ class StateFiles:
                 start_time=t.start_time,
                 mechanism=EVICTED
                 if t.evicted
-                else ("lock" if t.backstop_locked else (t.suspended_with or "signal")),
+                else (
+                    MechanismName.LOCK
+                    if t.backstop_locked
+                    else (t.suspended_with or MechanismName.SIGNAL)
+                ),
                 name=t.name,
             )
             for t in tasks

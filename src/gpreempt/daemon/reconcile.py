@@ -1,9 +1,11 @@
 """One scheduling pass: observe, decide, plan, apply.
 
 After every change the daemon observes each task's activity (its control blocks), takes a
-snapshot, asks the policy which tasks should be suspended, turns that answer into a frozen
-:class:`~gpreempt.daemon.plan.Plan` and has the executor (``apply.py``) carry it out. Gates
-close before anything is written: the event log waits, the waiting task does not.
+snapshot and runs the scheduling loop's pass (``policy/loop.py``, the one the in-process
+scheduler and the simulator run too: run time credited, the policy asked), turns the
+decision into a frozen :class:`~gpreempt.daemon.plan.Plan` and has the executor
+(``apply.py``) carry it out. Gates close before anything is written: the event log waits,
+the waiting task does not.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Protocol
 
 from ..mechanisms import kind
 from ..policy import Policy, Snapshot
+from ..policy.loop import LoopState, run_pass
 from .apply import Executor
 from .backstop import Backstop
 from .event_log import EventLog
@@ -43,11 +46,10 @@ class Reconciler:
         self.host = host
         self.policy = policy
         self.settings = settings
-        #: What the policy's last decision asked to be handed back (policy/__init__.py).
-        self.policy_memory: Any = None
+        #: What the last pass handed the next (the policy's memory among it).
+        self.loop = LoopState()
         #: When to run a pass again even if nothing changes (None: on the next change).
         self.wake_at: float | None = None
-        self._last_account = time.monotonic()
         #: What the watch lists were last worked out from (they change only with it).
         self._watch_signature: tuple[Any, ...] | None = None
 
@@ -56,12 +58,13 @@ class Reconciler:
         host = self.host
         now = time.monotonic()
         with host.events.batch():
-            self._account(now)
             self._observe(now)
-            snapshot = host.registry.snapshot(now)
-            decision = self.policy(snapshot, self.policy_memory)
-            self.policy_memory = decision.memory
-            todo = self.plan(snapshot, decision)
+            step = run_pass(self.policy, self.loop, host.registry.snapshot(now))
+            self.loop = step.state
+            tasks = host.registry.tasks
+            for task_id, run_seconds in step.run_seconds().items():
+                tasks[task_id].run_seconds = run_seconds
+            todo = self.plan(step.snapshot, step.decision)
             if host.executor.apply_suspensions(todo, now):
                 host.persist()
                 host.publish_states()
@@ -117,14 +120,6 @@ class Reconciler:
             )
             for p in self.host.peers.values()
         )
-
-    def _account(self, now: float) -> None:
-        """Advance each task's run time (active and not suspended) for time-based policies."""
-        elapsed = now - self._last_account
-        self._last_account = now
-        for task in self.host.registry.tasks.values():
-            if task.was_active and not task.suspended:
-                task.run_seconds += elapsed
 
     def _observe(self, now: float) -> None:
         """Read each task's activity from its control blocks; log the changes."""

@@ -83,6 +83,12 @@ class Task:
     hold_leaked: bool = False
     #: Suspensions whose hold was found to leak, since it registered.
     hold_leaks: int = 0
+    #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
+    #: registers it again from its persisted state.
+    attached: bool = False
+    #: A pidfd of its process, opened at registration once its start time was checked
+    #: (None where pidfds are unavailable); closed when the task ends.
+    pidfd: int | None = None
 
     def add_gpu(self, gpu: int) -> None:
         """Count the task on ``gpu`` too: a process of it (a rank of a multi-GPU job) said it
@@ -172,13 +178,6 @@ class Task:
     def event_fields(self) -> dict[str, Any]:
         """The fields that name this task in an event log record."""
         return {"task": self.name, "task_id": self.task_id, "pid": self.pid, "gpu": self.gpu}
-
-    #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
-    #: registers it again from its persisted state.
-    attached: bool = False
-    #: A pidfd of its process, opened at registration once its start time was checked
-    #: (None where pidfds are unavailable); closed when the task ends.
-    pidfd: int | None = None
 
     def target(self, whole_group: bool = True) -> Target:
         """What a mechanism acts on; ``whole_group`` False: the process alone, even if it

@@ -27,6 +27,7 @@ from typing import Any
 from ..config import EVENTS_NAME, STATE_NAME
 from ..errors import GpreemptError, UsageError
 from ..mechanisms import MechanismSet
+from ..names import PolicyName
 from ..policy import PolicySettings, make_policy
 from ..policy.inflight import DEFAULT_BUDGET_MS
 from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
@@ -61,7 +62,7 @@ class Daemon:
         self,
         runtime_dir: Path,
         *,
-        policy: str = "hpf",
+        policy: str = PolicyName.HPF,
         shared: bool = False,
         metrics_port: int | None = None,
         metrics_addr: str = "127.0.0.1",

@@ -13,9 +13,10 @@ whatever the task waits for) and ``evict_unlock`` (how to undo an eviction's loc
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import GpreemptError
+from ..names import MechanismName
 
 
 class TaskState(enum.Enum):
@@ -115,3 +116,107 @@ def change_state(
     else:
         task.preempted_since = None
     task.state = new
+
+
+class EventSink(Protocol):
+    """Where a change is written (the daemon's event log, event_log.py)."""
+
+    def write(self, event: str, **fields: Any) -> Any: ...
+
+
+class Told(Stateful, Protocol):
+    """What :class:`StateLog` reads of a task besides its state (registry.Task)."""
+
+    @property
+    def gpu(self) -> int: ...
+
+    def event_fields(self) -> dict[str, Any]: ...
+
+
+class StateLog:
+    """Changes tasks' states and tells each change: its line in the event log and the metric
+    that counts it. The daemon's executor (apply.py) and memory manager (memory.py) change a
+    task's state through it alone; what it ran (counters, locks) they keep themselves."""
+
+    def __init__(self, events: EventSink, metrics: Any = None) -> None:
+        self.events = events
+        #: The Prometheus metrics (prometheus.py), or None when they are off.
+        self.metrics = metrics
+
+    def suspended(
+        self, task: Told, *, turn: bool, mechanism: str, latency_ms: float, reason: str, now: float
+    ) -> None:
+        """``mechanism`` stopped ``task``: for a peer's turn (``turn``) or for ``reason``."""
+        change_state(
+            task,
+            TaskState.WAITING_TURN if turn else TaskState.SUSPENDED,
+            now=now,
+            mechanism=mechanism,
+        )
+        self.events.write(
+            "suspend",
+            **task.event_fields(),
+            mechanism=mechanism,
+            latency_ms=latency_ms,
+            reason=reason,
+        )
+        if self.metrics is not None and turn:
+            self.metrics.on_turn(task.gpu, task.name)
+        elif self.metrics is not None:
+            self.metrics.on_suspend(task.gpu, task.name, mechanism, latency_ms / 1e3)
+
+    def unprotected(self, task: Told, *, mechanism: str, reason: str, now: float) -> None:
+        """The policy wants ``task`` suspended and ``mechanism`` failed for ``reason``."""
+        change_state(task, TaskState.UNPROTECTED, now=now, error=reason)
+        self.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
+
+    def resumed(
+        self, task: Told, *, mechanism: str, latency_ms: float, reason: str, now: float
+    ) -> float:
+        """``mechanism`` let ``task`` run again; returns how long it was suspended (s)."""
+        suspended_for = now - (task.suspended_since or now)
+        change_state(task, TaskState.RUNNING, now=now)
+        self.events.write(
+            "resume",
+            **task.event_fields(),
+            mechanism=mechanism,
+            latency_ms=latency_ms,
+            reason=reason,
+            suspended_ms=round(suspended_for * 1e3, 4),
+        )
+        if self.metrics is not None:
+            self.metrics.on_resume(task.gpu, task.name, suspended_for)
+        return suspended_for
+
+    def evicted(self, task: Told, *, moved: int, seconds: float, reason: str, now: float) -> None:
+        """``task``'s ``moved`` bytes of GPU memory went to the host in ``seconds`` (the
+        driver lock holds it: the mechanism, where it ran until now)."""
+        change_state(task, TaskState.EVICTED, now=now, mechanism=MechanismName.LOCK)
+        self._memory_moved("evict", task, moved, seconds, reason)
+        if self.metrics is not None:
+            self.metrics.on_evict(task.gpu, task.name, moved, seconds)
+
+    def restored(self, task: Told, *, moved: int, seconds: float, reason: str, now: float) -> None:
+        """``task``'s memory came back; it stays suspended until a pass lets it run."""
+        change_state(task, TaskState.SUSPENDED, now=now)
+        self._memory_moved("restore", task, moved, seconds, reason)
+        if self.metrics is not None:
+            self.metrics.on_restore(task.gpu, task.name, moved, seconds)
+
+    def settled(self, task: Told, new: TaskState, *, now: float) -> None:
+        """A change nobody is told of: what a suspended task waits for changed (its turn, a
+        more important task), or the policy no longer wants an unprotected task stopped."""
+        change_state(task, new, now=now)
+
+    def _memory_moved(
+        self, event: str, task: Told, moved: int, seconds: float, reason: str
+    ) -> None:
+        self.events.write(
+            event,
+            **task.event_fields(),
+            mechanism="evict",
+            latency_ms=seconds * 1e3,
+            reason=reason,
+            bytes=moved,
+            gb_per_s=round(moved / seconds / 1e9, 3) if seconds > 0 else None,
+        )

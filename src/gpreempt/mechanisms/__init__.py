@@ -18,23 +18,25 @@ auto       gate where installed (the daemon adds the driver lock once the  every
 from __future__ import annotations
 
 from ..errors import MechanismUnavailable, UsageError
+from ..names import MechanismName
 from .auto import AutoMechanism
-from .base import Mechanism, Target
+from .base import Mechanism, MechanismSettings, Target
 from .driver_lock import DriverLockMechanism
 from .kfd import KfdMechanism
 from .launch_gate import GateMechanism
 from .signal import SignalMechanism
 
-NAMES = ("auto", "gate", "lock", "signal", "kfd")
-
-#: Each mechanism's class by name: what it can do (:class:`Mechanism`'s capabilities) is known
-#: without building it.
+#: The registry: each mechanism's class by its name (one entry per :class:`MechanismName`).
+#: What a mechanism can do (:class:`Mechanism`'s capabilities) is known without building it.
 KINDS: dict[str, type[Mechanism]] = {
-    "auto": AutoMechanism,
-    "gate": GateMechanism,
-    "lock": DriverLockMechanism,
-    "signal": SignalMechanism,
-    "kfd": KfdMechanism,
+    cls.name: cls
+    for cls in (
+        AutoMechanism,
+        GateMechanism,
+        DriverLockMechanism,
+        SignalMechanism,
+        KfdMechanism,
+    )
 }
 
 
@@ -45,60 +47,45 @@ def kind(name: str | None) -> type[Mechanism]:
 
 
 class MechanismSet:
-    """The daemon's mechanisms, built once; ``lock`` only where the driver offers it."""
+    """The daemon's mechanisms, built once: those that cannot work on this machine are left
+    out, with the reason why, and those that choose are built over the others."""
 
     def __init__(self, lock_timeout_ms: int | None = None) -> None:
-        self.concrete: dict[str, Mechanism] = {
-            "signal": SignalMechanism(),
-            "gate": GateMechanism(),
-        }
-        lock = (
-            DriverLockMechanism()
-            if lock_timeout_ms is None
-            else DriverLockMechanism(lock_timeout_ms)
-        )
-        try:
-            lock.driver  # noqa: B018 - loads libcuda and checks the API
-        except MechanismUnavailable as exc:
-            self.lock_unavailable: str | None = str(exc)
-        else:
-            self.lock_unavailable = None
-            self.concrete["lock"] = lock
-        self.kfd_unavailable = _kfd_unavailable()
-        if self.kfd_unavailable is None:
-            self.concrete["kfd"] = KfdMechanism()
-        self.auto = AutoMechanism(self.concrete)
+        settings = MechanismSettings(lock_timeout_ms=lock_timeout_ms)
+        #: The mechanisms that suspend by themselves, by name.
+        self.concrete: dict[str, Mechanism] = {}
+        #: The mechanisms that choose one of the concrete ones, by name.
+        self.choosing: dict[str, Mechanism] = {}
+        #: Why each mechanism this machine lacks cannot work here, by name.
+        self.unavailable: dict[str, str] = {}
+        ordered = sorted(KINDS.items(), key=lambda item: item[1].chooses)
+        for name, cls in ordered:
+            built = self.choosing if cls.chooses else self.concrete
+            try:
+                built[name] = cls.create(settings, self.concrete)
+            except MechanismUnavailable as exc:
+                self.unavailable[name] = str(exc)
+
+    @property
+    def lock_unavailable(self) -> str | None:
+        """Why the driver lock, which memory eviction and the backstop need too, cannot work
+        here (None: it can)."""
+        return self.unavailable.get(MechanismName.LOCK)
 
     def get(self, name: str) -> Mechanism:
         """The mechanism called ``name``; explains why when it cannot exist here."""
-        if name == "auto":
-            return self.auto
-        if name == "lock" and self.lock_unavailable:
+        found = self.concrete.get(name) or self.choosing.get(name)
+        if found is not None:
+            return found
+        if name in self.unavailable:
+            instead = KINDS[name].instead
             raise MechanismUnavailable(
-                f"mechanism 'lock' is not available on this machine: {self.lock_unavailable}. "
-                "Use --mechanism signal (or auto, which falls back to signal)."
+                f"mechanism {name!r} is not available on this machine: {self.unavailable[name]}"
+                + (f". {instead}" if instead else "")
             )
-        if name == "kfd" and self.kfd_unavailable:
-            raise MechanismUnavailable(
-                f"mechanism 'kfd' is not available on this machine: {self.kfd_unavailable}"
-            )
-        try:
-            return self.concrete[name]
-        except KeyError:
-            raise UsageError(
-                f"unknown mechanism {name!r}: choose one of {', '.join(NAMES)}"
-            ) from None
-
-
-def _kfd_unavailable() -> str | None:
-    """Why the KFD debugger interface cannot be used here, or None if it can."""
-    from .kfd_session import check_available
-
-    try:
-        check_available()
-    except MechanismUnavailable as exc:
-        return str(exc)
-    return None
+        raise UsageError(
+            f"unknown mechanism {name!r}: choose one of {', '.join(MechanismName.texts())}"
+        )
 
 
 __all__ = [
@@ -108,8 +95,9 @@ __all__ = [
     "GateMechanism",
     "KINDS",
     "Mechanism",
+    "MechanismName",
     "MechanismSet",
-    "NAMES",
+    "MechanismSettings",
     "SignalMechanism",
     "Target",
     "kind",

@@ -7,22 +7,33 @@ driver can lock the process, else signals, which always work.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import MechanismUnavailable
-from .base import Mechanism, Target
+from ..names import MechanismName
+from .base import Mechanism, MechanismSettings, Target
+
+#: The mechanisms tried in turn, the most precise first; signals when none works.
+PREFERRED = (MechanismName.GATE, MechanismName.LOCK)
 
 
 class AutoMechanism(Mechanism):
     """Picks, at each suspension, the most precise mechanism that works for the task now."""
 
-    name = "auto"
+    name = MechanismName.AUTO
     closes_gate = True
     backed_up = True
+    chooses = True
 
-    def __init__(self, concrete: dict[str, Mechanism]) -> None:
+    def __init__(self, concrete: Mapping[str, Mechanism]) -> None:
         self._concrete = concrete
 
+    @classmethod
+    def create(cls, settings: MechanismSettings, others: Mapping[str, Mechanism]) -> Mechanism:
+        return cls(others)
+
     def choose(self, target: Target) -> Mechanism:
-        for name in ("gate", "lock"):
+        for name in PREFERRED:
             mechanism = self._concrete.get(name)
             if mechanism is None:
                 continue
@@ -31,10 +42,10 @@ class AutoMechanism(Mechanism):
             except MechanismUnavailable:
                 continue
             return mechanism
-        return self._concrete["signal"]
+        return self._concrete[MechanismName.SIGNAL]
 
     def check(self, target: Target) -> None:
-        self._concrete["signal"].check(target)
+        self._concrete[MechanismName.SIGNAL].check(target)
 
     def suspend(self, target: Target) -> str:
         return self.choose(target).suspend(target)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..control import ControlBlock
+
+
+@dataclass(frozen=True)
+class MechanismSettings:
+    """The daemon's settings the mechanisms are built with (``gpreempt serve`` options)."""
+
+    #: How long one driver lock call may wait for a process's queued work (None: its default).
+    lock_timeout_ms: int | None = None
 
 
 @dataclass
@@ -30,8 +39,10 @@ class Target:
 class Mechanism(abc.ABC):
     """Suspend and resume one task; report whether it can work for a given target."""
 
-    #: Name used on the command line and in events.
+    #: Name used on the command line and in events (a :class:`~gpreempt.names.MechanismName`).
     name: str = ""
+    #: What to use instead, said after why the mechanism is not available on a machine.
+    instead: str = ""
 
     # What the daemon needs to know of a mechanism, asked instead of its name.
     #: The daemon closes and opens the task's in-process gate (its control block's word).
@@ -51,6 +62,15 @@ class Mechanism(abc.ABC):
     #: The daemon backs the mechanism up: with the driver lock behind a gate that could not
     #: hold the task (daemon/backstop.py), and with signals where the suspension failed.
     backed_up: bool = False
+    #: It suspends with one of the others, chosen at each suspension: it is built over them.
+    chooses: bool = False
+
+    @classmethod
+    def create(cls, settings: MechanismSettings, others: Mapping[str, Mechanism]) -> Mechanism:
+        """The daemon's instance of this mechanism; ``others``: the mechanisms that do not
+        choose, built first (what a choosing one picks from). Raises MechanismUnavailable,
+        saying why, where it cannot work on this machine at all (no driver, no device)."""
+        return cls()
 
     @abc.abstractmethod
     def check(self, target: Target) -> None:

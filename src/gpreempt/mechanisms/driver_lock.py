@@ -7,8 +7,11 @@ GPU. It works on any CUDA process, PyTorch or not, with no code change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import MechanismFailed, MechanismUnavailable
-from .base import Mechanism, Target
+from ..names import MechanismName
+from .base import Mechanism, MechanismSettings, Target
 from .cuda_driver import CheckpointDriver, CudaDriverError, ProcessState
 
 #: How long one lock call may wait for a process's queued work to finish.
@@ -16,12 +19,20 @@ DEFAULT_LOCK_TIMEOUT_MS = 5000
 
 
 class DriverLockMechanism(Mechanism):
-    name = "lock"
+    name = MechanismName.LOCK
     holds_driver_lock = True
+    instead = "Use --mechanism signal (or auto, which falls back to signal)."
 
     def __init__(self, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
         self.timeout_ms = timeout_ms
         self._driver: CheckpointDriver | None = None
+
+    @classmethod
+    def create(cls, settings: MechanismSettings, others: Mapping[str, Mechanism]) -> Mechanism:
+        timeout_ms = settings.lock_timeout_ms
+        lock = cls() if timeout_ms is None else cls(timeout_ms)
+        lock.driver  # noqa: B018 - loads libcuda and checks the API, or says why not
+        return lock
 
     @property
     def driver(self) -> CheckpointDriver:

@@ -39,11 +39,13 @@ import os
 import signal
 import socket
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import MechanismFailed, MechanismUnavailable, NoSuchProcess
+from ..names import MechanismName
 from ..procinfo import read_process
-from .base import Mechanism, Target
+from .base import Mechanism, MechanismSettings, Target
 from .signal import send
 
 # --- the daemon's side: ask the task's tracer ----------------------------------------------------
@@ -121,9 +123,16 @@ def _tracer_process(pid: int) -> int:
 class KfdMechanism(Mechanism):
     """Daemon side: SIGSTOP the task's process group, then have its tracer unmap its queues."""
 
-    name = "kfd"
+    name = MechanismName.KFD
     stops_process = True
     unmaps_queues = True
+
+    @classmethod
+    def create(cls, settings: MechanismSettings, others: Mapping[str, Mechanism]) -> Mechanism:
+        from .kfd_session import check_available  # opens /dev/kfd: only when built
+
+        check_available()
+        return cls()
 
     def check(self, target: Target) -> None:
         try:

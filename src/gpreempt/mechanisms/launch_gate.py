@@ -7,11 +7,12 @@ before its next launch and lets only the bounded work already in flight drain.
 from __future__ import annotations
 
 from ..errors import MechanismUnavailable
+from ..names import MechanismName
 from .base import Mechanism, Target
 
 
 class GateMechanism(Mechanism):
-    name = "gate"
+    name = MechanismName.GATE
     closes_gate = True
     in_process = True
 

@@ -11,6 +11,7 @@ import os
 import signal
 
 from ..errors import MechanismFailed, MechanismUnavailable, NoSuchProcess
+from ..names import MechanismName
 from ..procinfo import open_verified, read_process
 from .base import Mechanism, Target
 
@@ -52,7 +53,7 @@ def send(target: Target, signum: int) -> None:
 
 
 class SignalMechanism(Mechanism):
-    name = "signal"
+    name = MechanismName.SIGNAL
     stops_process = True
 
     def check(self, target: Target) -> None:

@@ -5,6 +5,8 @@ previous Decision returned in ``memory`` (None at first), so policies that need 
 (time slices, shares) stay pure and testable without clocks. ``make_policy`` (factory.py)
 builds one by name, with what the daemon must know of it. Open :mod:`.hpf` first: the
 default, strict priority; :mod:`.snapshot` holds the values every policy reads and returns.
+Every scheduler (the daemon, the in-process scheduler, the simulator) asks its policy through
+one pass of the scheduling loop, :func:`.loop.run_pass`.
 """
 
 from __future__ import annotations

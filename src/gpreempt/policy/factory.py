@@ -10,29 +10,27 @@ are idle (``policy/sleep.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from ..errors import UsageError
+from ..names import PolicyName
 from .hpf import decide_hpf
 from .inflight import DEFAULT_BUDGET_MS
 from .share import decide_share
-from .snapshot import Decision, Snapshot
+from .snapshot import Policy
 from .timeslice import decide_timeslice
 from .turns import DEFAULT_TURN_MS, TurnSettings
 
-Policy = Callable[[Snapshot, Any], Decision]
-
-#: The policies by name, as ``gpreempt serve --policy`` offers them.
+#: The registry: each policy's ``decide`` by its name (one entry per :class:`PolicyName`), as
+#: ``gpreempt serve --policy`` offers them.
 POLICIES: dict[str, Policy] = {
-    "hpf": decide_hpf,
-    "timeslice": decide_timeslice,
-    "share": decide_share,
+    PolicyName.HPF: decide_hpf,
+    PolicyName.TIMESLICE: decide_timeslice,
+    PolicyName.SHARE: decide_share,
 }
 
-#: Policies under which a more important active task always suspends a less important one.
-STRICT_PRIORITY = frozenset({"hpf"})
+#: Policies under which a more important active task always suspends a less important one;
+#: their ``decide`` takes ``turns=TurnSettings(...)`` for gated peers below it.
+STRICT_PRIORITY = frozenset({PolicyName.HPF})
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class PolicySettings:
 class BuiltPolicy:
     """A policy ready to run, with what the daemon needs to know of it."""
 
-    name: str
+    name: PolicyName
     decide: Policy
     #: Gates may stop by themselves for the tasks that outrank them, and sleep while those
     #: are idle (strict priority only).
@@ -60,23 +58,18 @@ class BuiltPolicy:
 
 def get_policy(name: str) -> Policy:
     """The policy registered under ``name``, or a UsageError listing the choices."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise UsageError(
-            f"unknown policy {name!r}: choose one of {', '.join(sorted(POLICIES))}"
-        ) from None
+    return POLICIES[PolicyName.parse(name, "policy")]
 
 
 def make_policy(name: str, settings: PolicySettings | None = None) -> BuiltPolicy:
     """The policy ``name`` built with ``settings`` (UsageError for an unknown name)."""
     settings = settings or PolicySettings()
-    decide = get_policy(name)
-    strict = name in STRICT_PRIORITY
+    chosen = PolicyName.parse(name, "policy")
+    decide = POLICIES[chosen]
+    strict = chosen in STRICT_PRIORITY
     turn_ms = settings.turn_ms if strict and settings.turn_ms > 0 else 0.0
     if turn_ms:
         decide = functools.partial(
-            decide_hpf,
-            turns=TurnSettings(turn_ms=turn_ms, budget_ms=settings.inflight_budget_ms),
+            decide, turns=TurnSettings(turn_ms=turn_ms, budget_ms=settings.inflight_budget_ms)
         )
-    return BuiltPolicy(name=name, decide=decide, strict_priority=strict, turn_ms=turn_ms)
+    return BuiltPolicy(name=chosen, decide=decide, strict_priority=strict, turn_ms=turn_ms)

@@ -1,8 +1,8 @@
 """An exact, event-driven simulator for policies: what would each task get?
 
-It feeds snapshots to a policy the way the daemon does (after every change and at the
-Decision's ``wake_at``), applies the decisions instantly, and accumulates each task's
-``run_seconds`` while it is active and not suspended. Suspend and resume cost nothing here,
+It runs the loop the daemon runs (:func:`~gpreempt.policy.loop.run_pass`, after every change
+and at the Decision's ``wake_at``) and applies the decisions instantly, so each task's
+``run_seconds`` grows while it is active and not suspended. Suspend and resume cost nothing here,
 so the results are the shares a policy aims for, not measurements.
 
 Example::
@@ -21,11 +21,11 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from .snapshot import Decision, Snapshot, TaskView
+from .loop import LoopState, credit_run_time, run_pass
+from .snapshot import Policy, Snapshot, TaskView
 
 #: Calls at one instant after which the simulator decides the policy is stuck.
 MAX_CALLS_PER_INSTANT = 100
@@ -76,9 +76,6 @@ class SimResult:
         return {k: v / self.duration for k, v in self.run_seconds.items()}
 
 
-Policy = Callable[[Snapshot, Any], Decision]
-
-
 def simulate(
     policy: Policy, tasks: Sequence[SimTask], duration: float, start: float = 0.0
 ) -> SimResult:
@@ -94,42 +91,23 @@ def simulate(
     changes = sorted({t for task in tasks for t in task.changes() if start < t < end})
     run = dict.fromkeys(ids, 0.0)
     preemptions = dict.fromkeys(ids, 0)
-    suspended: set[int] = set()
-    memory: Any = None
-    wake_at: float | None = None
+    suspended: frozenset[int] = frozenset()
+    state = LoopState()
     trace: list[tuple[float, frozenset[int]]] = []
     calls = 0
     now = start
     calls_now = 0
     while True:
-        active = {t.task_id: t.is_active(now) for t in tasks}
-        snapshot = Snapshot(
-            now=now,
-            tasks=tuple(
-                TaskView(
-                    task_id=t.task_id,
-                    priority=t.priority,
-                    gpus=t.gpus,
-                    active=active[t.task_id],
-                    suspended=t.task_id in suspended,
-                    held=t.held,
-                    timeslice_ms=t.timeslice_ms,
-                    min_share=t.min_share,
-                    run_seconds=run[t.task_id],
-                )
-                for t in tasks
-            ),
-        )
-        decision = policy(snapshot, memory)
+        step = run_pass(policy, state, _snapshot(tasks, now, suspended, run))
         calls += 1
-        memory = decision.memory
-        wanted = set(decision.suspend) | {t.task_id for t in tasks if t.held}
-        for task_id in wanted - suspended:
-            if active[task_id]:
+        state = step.state
+        run = step.run_seconds()
+        for task_id in step.suspend:
+            if task_id in state.active:
                 preemptions[task_id] += 1
-        suspended = wanted
-        trace.append((now, frozenset(suspended)))
-        wake_at = decision.wake_at
+        suspended = (suspended | step.suspend) - step.resume  # applied at once, at no cost
+        trace.append((now, suspended))
+        wake_at = step.wake_at
         if wake_at is not None and wake_at < now:
             raise RuntimeError(f"policy asked to be woken at {wake_at}, before now ({now})")
         following = [t for t in changes if t > now] + [end]
@@ -142,13 +120,35 @@ def simulate(
                 raise RuntimeError(f"policy keeps asking to be woken at {now}")
         else:
             calls_now = 0
-        step = later - now
-        for task_id in ids:
-            if active[task_id] and task_id not in suspended:
-                run[task_id] += step
         now = later
         if now >= end or math.isclose(now, end, rel_tol=0.0, abs_tol=1e-12):
             break
+    # the last stretch, up to the end, ran without a pass after it
+    final = credit_run_time(state, _snapshot(tasks, now, suspended, run))
+    run = {view.task_id: view.run_seconds for view in final.tasks}
     return SimResult(
         duration=duration, run_seconds=run, preemptions=preemptions, calls=calls, trace=trace
+    )
+
+
+def _snapshot(
+    tasks: Sequence[SimTask], now: float, suspended: frozenset[int], run: dict[int, float]
+) -> Snapshot:
+    """The simulated tasks as the policy sees them at ``now``."""
+    return Snapshot(
+        now=now,
+        tasks=tuple(
+            TaskView(
+                task_id=t.task_id,
+                priority=t.priority,
+                gpus=t.gpus,
+                active=t.is_active(now),
+                suspended=t.task_id in suspended,
+                held=t.held,
+                timeslice_ms=t.timeslice_ms,
+                min_share=t.min_share,
+                run_seconds=run[t.task_id],
+            )
+            for t in tasks
+        ),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,3 +78,7 @@ class Decision:
     #: The tasks in ``suspend`` only because a more important task is active: they may run
     #: the moment none is (a gate that watches those tasks goes on by itself; policy/watch.py).
     until_idle: frozenset[int] = frozenset()
+
+
+#: A policy: ``decide(snapshot, memory) -> Decision`` (policy/__init__.py).
+Policy = Callable[[Snapshot, Any], Decision]
