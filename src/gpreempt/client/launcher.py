@@ -139,7 +139,6 @@ def child_environment(runtime_dir: Path, spec: TaskFields | None = None) -> dict
     parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     if spec is not None:
-        from ..mechanisms import kind
         from .gate.driver import command_environment
 
         extra, note = command_environment(env, spec.priority, kind(spec.mechanism).closes_gate)
