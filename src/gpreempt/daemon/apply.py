@@ -5,6 +5,10 @@ Everything here acts on the world (signals, driver calls, shared memory, sockets
 what happened (the task's counters, the event log, metrics); what to do was decided by
 ``daemon/plan.py``. A suspension can fail: the task then shows as ``unprotected`` until a
 suspension succeeds or the policy no longer wants it.
+
+Record before acting: a stop that outlives the daemon (a signal, a driver lock, unmapped
+queues) is written to the state file before it is made (persist.py), all of one pass's in
+one write; a stop that cannot be recorded is not made (the task is ``unprotected``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any, Protocol
 
 from ..control import CLOSED, ControlBlock, closed_while_watched
 from ..errors import GpreemptError, NoSuchProcess, ProtocolError
-from ..mechanisms import MechanismSet
+from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
@@ -42,6 +46,8 @@ class Host(Protocol):
     log: Callable[[str], None]
 
     def send(self, peer: Peer, data: bytes, fds: list[int] | None = None) -> None: ...
+    def record_stops(self, about_to: dict[int, str]) -> bool: ...
+    def state_files_error(self) -> str | None: ...
 
 
 class Executor:
@@ -49,6 +55,8 @@ class Executor:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        #: Tasks (by id) whose coming stop is recorded, with the mechanism recorded.
+        self._recorded: dict[int, str] = {}
 
     # ------------------------------------------------------------------ plans
     def apply_suspensions(self, plan: Plan, now: float) -> bool:
@@ -58,6 +66,7 @@ class Executor:
         changed = False
         # Suspend first: a more important task is waiting for these.
         todo = {s.task_id: s for s in plan.suspend}
+        self._record_first([tasks[t] for t in todo if t in tasks])
         for task in sorted(tasks.values(), key=lambda t: t.priority):
             turn = task.task_id in plan.turns
             step = todo.get(task.task_id)
@@ -78,7 +87,38 @@ class Executor:
             changed = True
         for task_id in plan.resume:
             changed |= self.resume(tasks[task_id], reason="policy")
+        self._recorded.clear()
         return changed
+
+    def _record_first(self, tasks: list[Task]) -> None:
+        """Record, in one write, the tasks about to be stopped by a mechanism whose stop
+        outlives the daemon (not their gate alone)."""
+        about_to: dict[int, str] = {}
+        for task in tasks:
+            name = self._concrete(task)
+            if name is not None and not kind(name).in_process:
+                about_to[task.task_id] = name
+        if about_to and self.host.record_stops(about_to):
+            self._recorded = about_to
+
+    def _concrete(self, task: Task) -> str | None:
+        """The mechanism a suspension of ``task`` would use now (None: it cannot say)."""
+        mechanism = self.host.mechanisms.get(task.mechanism)
+        choose = getattr(mechanism, "choose", None)
+        try:
+            return str(choose(self.target(task)).name if choose else mechanism.name)
+        except GpreemptError:
+            return None
+
+    def _recorded_first(self, task: Task, name: str) -> bool:
+        """Whether a stop of ``task`` by ``name`` is recorded, recording it now if not
+        (a mechanism kept in the process needs no record)."""
+        if kind(name).in_process or self._recorded.get(task.task_id) == name:
+            return True
+        if self.host.record_stops({task.task_id: name}):
+            self._recorded[task.task_id] = name
+            return True
+        return False
 
     def apply_gates(self, plan: Plan) -> None:
         """Tell the gates their in-flight shares and sleep permissions, send the watch lists
@@ -151,15 +191,21 @@ class Executor:
         whether its state changed."""
         mechanisms = self.host.mechanisms
         mechanism = mechanisms.get(task.mechanism)
+        choose = getattr(mechanism, "choose", None)
         target = self.target(task)
         start = time.perf_counter()
         try:
-            used = mechanism.suspend(target)
+            concrete = choose(target) if choose is not None else mechanism
+            if not self._recorded_first(task, concrete.name):
+                return self._unrecorded(task, concrete.name, now)
+            used = concrete.suspend(target)
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
             if not mechanism.backed_up:
                 return self._suspend_failed(task, task.mechanism, exc, now)
+            if not self._recorded_first(task, "signal"):
+                return self._unrecorded(task, "signal", now)
             try:
                 used = mechanisms.get("signal").suspend(target)
             except NoSuchProcess:
@@ -188,6 +234,14 @@ class Executor:
         elif metrics is not None:
             metrics.on_suspend(task.gpu, task.name, used, latency_ms / 1e3)
         return True
+
+    def _unrecorded(self, task: Task, mechanism: str, now: float) -> bool:
+        """A stop that could not be recorded first is not made (persist.py)."""
+        error = self.host.state_files_error() or "the state file cannot be written"
+        reason = GpreemptError(
+            f"not stopped: {error}, and a daemon killed now would leave it stopped"
+        )
+        return self._suspend_failed(task, mechanism, reason, now)
 
     def _suspend_failed(self, task: Task, mechanism: str, exc: Exception, now: float) -> bool:
         """Record that the policy wants ``task`` suspended and ``mechanism`` failed: its state

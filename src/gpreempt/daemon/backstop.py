@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from ..errors import GpreemptError
 from ..mechanisms import kind
@@ -55,6 +56,7 @@ class Backstop:
         *,
         lock_available: bool = True,
         wake_fd: int | None = None,
+        record: Callable[[dict[int, str]], bool] | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -62,6 +64,8 @@ class Backstop:
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
+        #: Records a lock before it is taken (persist.py); False: it could not, so no lock.
+        self._record = record
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
@@ -109,6 +113,9 @@ class Backstop:
             return
         for task in list(self.registry.tasks.values()):
             if self._eligible(task) and now >= task.preempted_since + self.delay_s:
+                if self._record is not None and not self._record({task.task_id: "lock"}):
+                    self._failed.add(task.task_id)  # a lock nobody could lift after a crash
+                    continue
                 self._locking.add(task.task_id)
                 thread = threading.Thread(
                     target=self._lock, args=(task.task_id, task.pid), daemon=True

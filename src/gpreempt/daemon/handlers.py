@@ -93,7 +93,13 @@ class Handlers:
         task = self.add_task(peer, info, request.task, owned=request.owned)
         if not request.owned:
             task.attached = True
-            self.host.state_files.save_attached(self.host.registry.tasks.values())
+            if not self.host.state_files.save_attached(self.host.registry.tasks.values()):
+                # a task a restarted daemon would not know: refused rather than half-managed
+                self.host.end_task(task, "its record could not be written")
+                raise UsageError(
+                    f"cannot record attached process {pid} for a restarted daemon "
+                    f"({self.host.state_files.last_error}); free some space and attach again"
+                )
         self.host.reconcile()
         return {"task": task.describe(time.monotonic())}
 

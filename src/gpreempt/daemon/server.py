@@ -173,6 +173,7 @@ class Daemon:
             self.backstop_ms,
             lock_available=self.mechanisms.lock_unavailable is None,
             wake_fd=self._wake_w,
+            record=self.record_stops,
         )
         self.lifecycle = TaskLifecycle(
             self.registry,
@@ -354,6 +355,14 @@ class Daemon:
 
     def persist(self) -> None:
         self.lifecycle.persist()
+
+    def record_stops(self, about_to: dict[int, str]) -> bool:
+        """Record, durably, the tasks about to be stopped (by id, with the mechanism) before
+        they are: False if that could not be written (the stop must not be made)."""
+        return self.state_files.save_suspended(self.registry.tasks.values(), about_to)
+
+    def state_files_error(self) -> str | None:
+        return self.state_files.last_error
 
     def publish_states(self) -> None:
         self.lifecycle.publish_states()
