@@ -31,6 +31,10 @@ MESSAGES_PER_TURN = 16
 #: and register a task, which holds one (its pidfd).
 RESERVED_FDS = 64
 FDS_PER_CONNECTION = 4
+#: Descriptors the daemon may hold on behalf of one user (sockets, control blocks, doorbells,
+#: descriptors received and not yet claimed, descriptors queued for its clients); at most
+#: half of what the daemon may open, so that no user, root included, can starve the others.
+MAX_FDS_PER_UID = 16384
 
 
 def raise_fd_limit() -> int:
@@ -85,11 +89,19 @@ class Limits:
     allowed: dict[int, int] = field(default_factory=dict)
     #: Connections the daemon accepts in all (sized from its descriptor limit at start).
     max_connections: int = 1 << 16
+    #: Descriptors held for one user (sized from the descriptor limit at start).
+    fds_per_uid: int = MAX_FDS_PER_UID
     _buckets: dict[int, TokenBucket] = field(default_factory=dict)
 
     def size_for_fd_limit(self, fd_limit: int) -> None:
         """Accept no more connections than descriptors allow (with room to spare)."""
         self.max_connections = max(16, (fd_limit - RESERVED_FDS) // FDS_PER_CONNECTION)
+        self.fds_per_uid = min(MAX_FDS_PER_UID, max(64, (fd_limit - RESERVED_FDS) // 2))
+
+    def connections_allowed(self) -> int:
+        """Connections one user (root too) may hold: the per-user limit, and never more
+        than half of all the daemon accepts."""
+        return min(self.connections_per_uid, max(16, self.max_connections // 2))
 
     def allow_message(self, uid: int, now: float) -> float | None:
         """None if ``uid`` may send one more message now, else when it may."""
@@ -102,7 +114,7 @@ class Limits:
         """Why a new connection from ``uid`` (holding ``per_uid`` of ``total``) is refused."""
         if total >= self.max_connections:
             return f"the daemon serves its maximum of {self.max_connections} connections"
-        if uid != 0 and per_uid >= self.connections_per_uid:
+        if per_uid >= self.connections_allowed():
             return (
                 f"uid {uid} already holds {per_uid} connections (the limit per user); "
                 "close some clients first"
