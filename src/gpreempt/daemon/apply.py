@@ -26,7 +26,7 @@ from ..mechanisms.base import Target
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
 from .event_log import EventLog
-from .identity import GroupCensus
+from .identity import GroupCensus, OwnerAuthority
 from .peer import Peer
 from .plan import Plan, WatchList
 from .registry import Registry, Task
@@ -57,6 +57,8 @@ class Executor:
         self.host = host
         #: Tasks (by id) whose coming stop is recorded, with the mechanism recorded.
         self._recorded: dict[int, str] = {}
+        #: Signals go to a task's group with its owner's authority (identity.py).
+        self.authority = OwnerAuthority()
 
     # ------------------------------------------------------------------ plans
     def apply_suspensions(self, plan: Plan, now: float) -> bool:
@@ -106,7 +108,7 @@ class Executor:
         mechanism = self.host.mechanisms.get(task.mechanism)
         choose = getattr(mechanism, "choose", None)
         try:
-            return str(choose(self.target(task)).name if choose else mechanism.name)
+            return str(choose(task.target(False)).name if choose else mechanism.name)
         except GpreemptError:
             return None
 
@@ -192,13 +194,13 @@ class Executor:
         mechanisms = self.host.mechanisms
         mechanism = mechanisms.get(task.mechanism)
         choose = getattr(mechanism, "choose", None)
-        target = self.target(task)
         start = time.perf_counter()
         try:
-            concrete = choose(target) if choose is not None else mechanism
+            concrete = choose(task.target(False)) if choose is not None else mechanism
             if not self._recorded_first(task, concrete.name):
                 return self._unrecorded(task, concrete.name, now)
-            used = concrete.suspend(target)
+            with self._authority(task, concrete.name):
+                used = concrete.suspend(self.target(task, concrete.name))
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
@@ -207,7 +209,8 @@ class Executor:
             if not self._recorded_first(task, "signal"):
                 return self._unrecorded(task, "signal", now)
             try:
-                used = mechanisms.get("signal").suspend(target)
+                with self._authority(task, "signal"):
+                    used = mechanisms.get("signal").suspend(self.target(task, "signal"))
             except NoSuchProcess:
                 return False
             except GpreemptError as fallback:
@@ -264,7 +267,8 @@ class Executor:
         start = time.perf_counter()
         self.host.backstop.release(task)
         try:
-            self.host.mechanisms.concrete[used].resume(self.target(task))
+            with self._authority(task, used):
+                self.host.mechanisms.concrete[used].resume(self.target(task, used))
         except NoSuchProcess:
             pass
         except GpreemptError as exc:
@@ -292,11 +296,20 @@ class Executor:
             self.host.metrics.on_resume(task.gpu, task.name, suspended_for)
         return True
 
-    def target(self, task: Task) -> Target:
-        """What the mechanisms act on: the task's whole group only if every member belongs to
-        its owner (a root daemon could otherwise stop a root process in a user's job), else
-        its process alone; signals go to the process that started at its start time."""
-        whole = task.pgid is None or os.geteuid() != 0
+    def _authority(self, task: Task, mechanism: str) -> contextlib.AbstractContextManager[None]:
+        """Where signals go to ``task``'s group: with its owner's authority (identity.py)."""
+        if mechanism == "signal" and self.authority.usable(task.uid):
+            return self.authority.acting_as(task.uid)
+        return contextlib.nullcontext()
+
+    def target(self, task: Task, mechanism: str | None = None) -> Target:
+        """What ``mechanism`` acts on: the task's whole group where a root daemon signals it
+        with its owner's authority (the kernel then spares what the owner could not stop),
+        or where every member belongs to its owner (a root daemon could otherwise stop a
+        root process in a user's job), else its process alone; signals go to the process
+        that started at its start time."""
+        whole = task.pgid is None or os.geteuid() != 0 or task.uid == 0
+        whole = whole or (mechanism == "signal" and self.authority.usable(task.uid))
         if not whole:
             assert task.pgid is not None
             whole = self.host.census.owned_by(task.pgid, task.uid)
