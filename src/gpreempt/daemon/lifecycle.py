@@ -120,14 +120,18 @@ class TaskLifecycle:
                 self._continue_if_stopped(info)
                 if self.registry.by_pid(record.pid) is not None:
                     continue
+                # the limits of this daemon, which may be stricter than its predecessor's
+                priority, min_share, timeslice_ms = self.registrar.limits.clamp(
+                    record.uid, record.priority, record.min_share, record.timeslice_ms
+                )
                 fields = {
                     "name": record.name,
-                    "priority": record.priority,
+                    "priority": priority,
                     "gpus": record.gpus,
                     "mechanism": record.mechanism,
                     "always_active": record.always_active,
-                    "timeslice_ms": record.timeslice_ms,
-                    "min_share": record.min_share,
+                    "timeslice_ms": timeslice_ms,
+                    "min_share": min_share,
                     "reserve_bytes": record.reserve_bytes,
                 }
                 task = self.registrar.new_task(None, info, TaskFields.from_wire(fields))

@@ -35,6 +35,10 @@ FDS_PER_CONNECTION = 4
 #: descriptors received and not yet claimed, descriptors queued for its clients); at most
 #: half of what the daemon may open, so that no user, root included, can starve the others.
 MAX_FDS_PER_UID = 16384
+#: Largest ``--min-share`` and ``--timeslice-ms`` users other than root may ask of a shared
+#: daemon: more would let one user's low task keep another user's high one off the GPU.
+MAX_USER_MIN_SHARE = 0.5
+MAX_USER_TIMESLICE_MS = 1000.0
 
 
 def raise_fd_limit() -> int:
@@ -133,6 +137,35 @@ class Limits:
         if not self.shared or uid == 0:
             return None
         return self.allowed.get(uid, self.max_user_priority)
+
+    def check_shares(self, uid: int, min_share: float | None, timeslice_ms: float | None) -> None:
+        """Refuse a ``--min-share`` or ``--timeslice-ms`` above what ``uid`` may ask for."""
+        if self.ceiling(uid) is None:
+            return
+        if min_share is not None and min_share > MAX_USER_MIN_SHARE:
+            raise PermissionDenied(
+                f"--min-share {min_share:g} is above the {MAX_USER_MIN_SHARE:g} users other "
+                "than root may ask of a shared daemon"
+            )
+        if timeslice_ms is not None and timeslice_ms > MAX_USER_TIMESLICE_MS:
+            raise PermissionDenied(
+                f"--timeslice-ms {timeslice_ms:g} is above the {MAX_USER_TIMESLICE_MS:g} ms users "
+                "other than root may ask of a shared daemon"
+            )
+
+    def clamp(
+        self, uid: int, priority: int, min_share: float | None, timeslice_ms: float | None
+    ) -> tuple[int, float | None, float | None]:
+        """``uid``'s settings cut to what it may ask for now (a persisted task registered
+        again by a daemon started with other limits)."""
+        top = self.ceiling(uid)
+        if top is None:
+            return priority, min_share, timeslice_ms
+        if min_share is not None:
+            min_share = min(min_share, MAX_USER_MIN_SHARE)
+        if timeslice_ms is not None:
+            timeslice_ms = min(timeslice_ms, MAX_USER_TIMESLICE_MS)
+        return min(priority, top), min_share, timeslice_ms
 
     def check_priority(self, uid: int, priority: int) -> None:
         top = self.ceiling(uid)
