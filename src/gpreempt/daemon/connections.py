@@ -299,6 +299,7 @@ class Connections:
             task = self.registry.tasks.get(peer.channel_task or -1)
             if task is not None:
                 task.controls.pop(peer.conn_id, None)
+                task.drop_rank(peer.conn_id)
                 changed = True
             # gates that watch this block must not wait for a request that will never end
             peer.control.clear_activity()
