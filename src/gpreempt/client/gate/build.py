@@ -83,7 +83,7 @@ def _check_toolchain() -> None:
 #: How long a loader waits for another one's build lock (a trainer stopped while building
 #: holds it): after that, a built extension is imported without the lock, else the gate
 #: goes without it.
-LOCK_WAIT_S = 2.0
+LOCK_WAIT_S = 10.0
 
 
 def check_private(path: Path) -> None:
