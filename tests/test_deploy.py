@@ -115,3 +115,26 @@ def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
     exprs += [r["expr"] for r in rules]
     used = {name for e in exprs for name in re.findall(r"gpreempt_[a-z_]+", e)}
     assert used and used <= exported, used - exported
+
+
+#: What a root daemon needs to serve pods of other uids (measured: a daemon confined to KILL
+#: and SYS_PTRACE refuses every non-root pod's channel, "cannot make the control block
+#: private"; with FOWNER added it takes it): see the comment in gpreempt.yaml.
+NEEDED_CAPS = {"KILL", "SYS_PTRACE", "FOWNER", "DAC_READ_SEARCH", "SETUID"}
+
+
+def test_the_daemonset_can_serve_non_root_pods_with_the_fewest_capabilities() -> None:
+    (daemonset,) = [
+        d for d in _documents(DEPLOY / "kubernetes" / "gpreempt.yaml") if d["kind"] == "DaemonSet"
+    ]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    caps = container["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    assert set(caps["add"]) == NEEDED_CAPS
+
+
+def test_the_systemd_unit_bounds_the_daemon_to_what_it_needs() -> None:
+    text = (DEPLOY / "systemd" / "gpreempt.service").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("CapabilityBoundingSet=")]
+    bound = {c.removeprefix("CAP_") for c in line.split("=", 1)[1].split()}
+    assert bound >= NEEDED_CAPS

@@ -53,14 +53,24 @@ def test_a_full_disk_is_counted_never_fatal_and_shutdown_resumes_everything() ->
             for _ in range(40):  # more events than the log's last page holds
                 client.hold(later.pid, True)
                 client.hold(later.pid, False)
-            client.hold(later.pid, True)  # a change of the suspended set: the state file
-            assert wait_for(lambda: process_state(later.pid) == "T", 2)
+            # a stop that cannot be recorded first is not made: a daemon killed now would
+            # leave it stopped for good
+            client.hold(later.pid, True)
+            time.sleep(0.3)
+            assert process_state(later.pid) != "T"
+            (task,) = [t for t in client.status()["tasks"] if t["pid"] == later.pid]
+            assert task["state"] == "unprotected" and "not stopped" in task["suspend_error"]
+            # an attached task a restarted daemon would not know is refused, not half-managed
+            with sleepers(1) as (unrecorded,):
+                with pytest.raises(UsageError, match="cannot record attached process"):
+                    client.register(unrecorded.pid, priority="low")
+                assert unrecorded.pid not in task_pids(runtime_dir)
             status = client.status()["daemon"]
             assert status["event_write_failures"] > 0
             assert status["state_write_failures"] > 0
             assert daemon.process.poll() is None
-            daemon.stop()
-            assert daemon.process.returncode == 0
+            daemon.stop(signal.SIGKILL)  # what it stopped was recorded before the disk filled
+            Daemon(runtime_dir).stop()
             assert process_state(held.pid) != "T" and process_state(later.pid) != "T"
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)

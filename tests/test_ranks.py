@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpreempt.client.ranks import rank_gpu
@@ -40,12 +42,32 @@ def _task(gpus: tuple[int, ...]) -> Task:
 
 def test_a_task_is_counted_on_each_gpu_its_ranks_use_once() -> None:
     task = _task((0,))
-    for gpu in (1, 0, 3, 1):
-        task.add_gpu(gpu)
+    for conn, gpu in enumerate((1, 0, 3, 1)):
+        task.add_gpu(gpu, conn)
     assert task.gpus == (0, 1, 3)  # the GPU it was registered on stays first
+
+
+def test_a_gpu_a_rank_added_goes_when_the_rank_does() -> None:
+    task = _task((0,))
+    task.add_gpu(2, 7)
+    task.drop_rank(8)  # another connection: nothing changes
+    assert task.gpus == (0, 2)
+    task.drop_rank(7)
+    assert task.gpus == (0,)
+
+
+def test_a_rank_names_only_a_gpu_its_process_can_use(tmp_path) -> None:
+    from gpreempt.daemon.handlers import can_use_gpu
+
+    nodes = {n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()}
+    if not nodes:
+        assert can_use_gpu(os.getpid(), 5)  # no NVIDIA node at all: nothing to tell
+    else:
+        assert not can_use_gpu(os.getpid(), 10_000)
+    assert not can_use_gpu(2**22 + 1, 0)  # no such process
 
 
 def test_a_task_counts_no_more_gpus_than_a_registration_may_name() -> None:
     task = _task(tuple(range(MAX_GPUS)))
-    task.add_gpu(MAX_GPUS + 5)
+    task.add_gpu(MAX_GPUS + 5, 1)
     assert len(task.gpus) == MAX_GPUS

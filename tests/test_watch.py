@@ -73,6 +73,9 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
     and again only when that set changes."""
 
     class Recorder:  # stands in for a peer's connection and its outbox
+        fds = 0
+        fds_held = 0
+
         def __init__(self) -> None:
             self.sent: list[tuple[dict, int]] = []
 
@@ -178,6 +181,9 @@ def test_hpf_says_who_waits_only_for_active_tasks_and_for_which() -> None:
 def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_path) -> None:
 
     class Recorder:  # stands in for a peer's connection and its outbox
+        fds = 0
+        fds_held = 0
+
         def put(self, data: bytes, fds=()) -> bool:
             for fd in fds:
                 os.close(fd)

@@ -26,10 +26,8 @@ from test_watch import _Client, _RecordingGate
 
 from gpreempt.client import session as session_mod
 from gpreempt.client import stranded
-from gpreempt.client.connection import DaemonClient
 from gpreempt.control import REQUIRED_SEALS, SIZE, ActivityView, ControlBlock
 from gpreempt.daemon.server import Daemon as DaemonServer
-from gpreempt.errors import DaemonUnavailable
 from gpreempt.protocol import Connection
 
 #: A second unprivileged uid, the "other user" beside NOBODY.
@@ -120,10 +118,12 @@ def serve_as(uid: int, runtime_dir: Path) -> int:
 
 
 def answers(runtime_dir: Path, pid: int) -> bool:
+    """Whether the daemon ``pid`` answers a ping (over a raw socket: a client refuses a
+    daemon of another user, which is what this one is)."""
     try:
-        with DaemonClient.connect(runtime_dir, timeout=1) as client:
-            return client.ping()["pid"] == pid
-    except (DaemonUnavailable, OSError):
+        with raw(runtime_dir, timeout=1) as sock:
+            return ask(sock, {"op": "ping"})["pid"] == pid
+    except (OSError, ValueError):
         return False
 
 

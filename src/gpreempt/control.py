@@ -197,6 +197,10 @@ class ControlBlock:
         what = _fd_kind(memfd)
         if not what.startswith("/memfd:"):
             raise ValueError(f"the control block must be a memfd, got {what or 'unknown'}")
+        if not _plain_shmem(memfd):
+            # a hugetlb memfd passes the name and seal checks, but a hole punched in it
+            # (which seals do not forbid) would crash the daemon with SIGBUS
+            raise ValueError("the control block must be a plain memfd (not MFD_HUGETLB)")
         try:
             seals = fcntl.fcntl(memfd, fcntl.F_GET_SEALS)
         except OSError:
@@ -206,6 +210,8 @@ class ControlBlock:
                 "the control block's memfd must be sealed with F_SEAL_SHRINK, F_SEAL_GROW "
                 "and F_SEAL_SEAL (ControlBlock.create does this)"
             )
+        if seals & _WRITE_SEALS:
+            raise ValueError("the control block's memfd is sealed against writing")
         size = os.fstat(memfd).st_size
         if size < SIZE:
             raise ValueError(f"the control block is {size} bytes, not {SIZE}")
@@ -221,7 +227,10 @@ class ControlBlock:
                 "user's blocks"
             ) from None
         os.set_blocking(doorbell, False)
-        return cls(memfd, doorbell)
+        try:
+            return cls(memfd, doorbell)
+        except OSError as exc:
+            raise ValueError(f"cannot map the control block: {exc.strerror or exc}") from None
 
     @property
     def address(self) -> int:
@@ -393,6 +402,21 @@ class ControlBlock:
                 os.close(fd)
 
 
+#: Seals that forbid the daemon's writable mapping (F_SEAL_FUTURE_WRITE is 0x10).
+_WRITE_SEALS = fcntl.F_SEAL_WRITE | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+#: ``f_type`` of the filesystem plain memfds live on (shmem; hugetlb ones: HUGETLBFS_MAGIC).
+_TMPFS_MAGIC = 0x01021994
+
+
+def _plain_shmem(fd: int) -> bool:
+    """Whether ``fd`` lives on shmem with ordinary pages (not hugetlbfs): by ``fstatfs``'s
+    ``f_type``, else (no fstatfs) by its block size being the page size."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first word
+    if _libc.fstatfs(fd, buf) == 0:
+        return ctypes.c_long.from_buffer(buf).value == _TMPFS_MAGIC
+    return os.fstat(fd).st_blksize == mmap.PAGESIZE
+
+
 def _fd_kind(fd: int) -> str:
     """What ``fd`` is, as /proc names it (``/memfd:NAME (deleted)``, ``anon_inode:[eventfd]``,
     ``pipe:[N]``...), or '' if it cannot be told."""
@@ -419,6 +443,7 @@ _libc.mmap.argtypes = [
     ctypes.c_long,
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
 
 
 def words_want_gpu(words: Any) -> bool:

@@ -27,6 +27,10 @@ MAX_MESSAGE = 64 * 1024
 #: Largest message a client accepts from the daemon (its replies and pushes).
 MAX_REPLY = 64 * 2**20
 MAX_FDS = 4
+#: Descriptors a connection may have received and not yet claimed by a message: a peer that
+#: sends more (descriptors with bytes that never end a message) is dropped, so that no client
+#: can make the other end hold descriptors without bound.
+MAX_PENDING_FDS = 4 * MAX_FDS
 
 #: Operations the daemon understands; anything else is refused with a clear error.
 OPS = frozenset(
@@ -65,7 +69,7 @@ def decode(line: bytes) -> Message:
     """Parse one line into a message, or raise ProtocolError saying what was wrong."""
     try:
         value = json.loads(line, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # a 5,000-digit integer
         raise ProtocolError(f"malformed message (not JSON): {exc}") from None
     if not isinstance(value, dict):
         raise ProtocolError("malformed message: expected a JSON object")
@@ -128,12 +132,22 @@ class Connection:
                 usable = len(payload) - len(payload) % fds.itemsize
                 fds.frombytes(payload[:usable])
         self._fds.extend(fds)
+        if len(self._fds) > MAX_PENDING_FDS:
+            self._close_fds()
+            raise ProtocolError(
+                f"more than {MAX_PENDING_FDS} file descriptors arrived that no message claims"
+            )
         if not data:
             return False
         self._buffer += data
         if len(self._buffer) > self.max_message and b"\n" not in self._buffer:
             raise ProtocolError(f"message exceeds the {self.max_message}-byte limit")
         return True
+
+    @property
+    def fds_held(self) -> int:
+        """Descriptors received and not yet claimed by a message."""
+        return len(self._fds)
 
     @property
     def buffered(self) -> bool:

@@ -5,6 +5,10 @@ Everything here acts on the world (signals, driver calls, shared memory, sockets
 what happened (the task's counters, the event log, metrics); what to do was decided by
 ``daemon/plan.py``. A suspension can fail: the task then shows as ``unprotected`` until a
 suspension succeeds or the policy no longer wants it.
+
+Record before acting: a stop that outlives the daemon (a signal, a driver lock, unmapped
+queues) is written to the state file before it is made (persist.py), all of one pass's in
+one write; a stop that cannot be recorded is not made (the task is ``unprotected``).
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from typing import Any, Protocol
 
 from ..control import CLOSED, ControlBlock, closed_while_watched
 from ..errors import GpreemptError, NoSuchProcess, ProtocolError
-from ..mechanisms import MechanismSet
+from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
 from .event_log import EventLog
-from .identity import GroupCensus
+from .identity import GroupCensus, OwnerAuthority
 from .peer import Peer
 from .plan import Plan, WatchList
 from .registry import Registry, Task
@@ -43,6 +47,8 @@ class Host(Protocol):
     log: Callable[[str], None]
 
     def send(self, peer: Peer, data: bytes, fds: list[int] | None = None) -> None: ...
+    def record_stops(self, about_to: dict[int, str]) -> bool: ...
+    def state_files_error(self) -> str | None: ...
 
 
 class Executor:
@@ -50,6 +56,10 @@ class Executor:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        #: Tasks (by id) whose coming stop is recorded, with the mechanism recorded.
+        self._recorded: dict[int, str] = {}
+        #: Signals go to a task's group with its owner's authority (identity.py).
+        self.authority = OwnerAuthority()
 
     @property
     def states(self) -> StateLog:
@@ -64,6 +74,7 @@ class Executor:
         changed = False
         # Suspend first: a more important task is waiting for these.
         todo = {s.task_id: s for s in plan.suspend}
+        self._record_first([tasks[t] for t in todo if t in tasks])
         for task in sorted(tasks.values(), key=lambda t: t.priority):
             turn = task.task_id in plan.turns
             step = todo.get(task.task_id)
@@ -84,7 +95,38 @@ class Executor:
             changed = True
         for task_id in plan.resume:
             changed |= self.resume(tasks[task_id], reason="policy")
+        self._recorded.clear()
         return changed
+
+    def _record_first(self, tasks: list[Task]) -> None:
+        """Record, in one write, the tasks about to be stopped by a mechanism whose stop
+        outlives the daemon (not their gate alone)."""
+        about_to: dict[int, str] = {}
+        for task in tasks:
+            name = self._concrete(task)
+            if name is not None and not kind(name).in_process:
+                about_to[task.task_id] = name
+        if about_to and self.host.record_stops(about_to):
+            self._recorded = about_to
+
+    def _concrete(self, task: Task) -> str | None:
+        """The mechanism a suspension of ``task`` would use now (None: it cannot say)."""
+        mechanism = self.host.mechanisms.get(task.mechanism)
+        choose = getattr(mechanism, "choose", None)
+        try:
+            return str(choose(task.target(False)).name if choose else mechanism.name)
+        except GpreemptError:
+            return None
+
+    def _recorded_first(self, task: Task, name: str) -> bool:
+        """Whether a stop of ``task`` by ``name`` is recorded, recording it now if not
+        (a mechanism kept in the process needs no record)."""
+        if kind(name).in_process or self._recorded.get(task.task_id) == name:
+            return True
+        if self.host.record_stops({task.task_id: name}):
+            self._recorded[task.task_id] = name
+            return True
+        return False
 
     def apply_gates(self, plan: Plan) -> None:
         """Tell the gates their in-flight shares and sleep permissions, send the watch lists
@@ -157,17 +199,25 @@ class Executor:
         whether its state changed."""
         mechanisms = self.host.mechanisms
         mechanism = mechanisms.get(task.mechanism)
-        target = self.target(task)
+        choose = getattr(mechanism, "choose", None)
         start = time.perf_counter()
         try:
-            used = mechanism.suspend(target)
+            concrete = choose(task.target(False)) if choose is not None else mechanism
+            if not self._recorded_first(task, concrete.name):
+                return self._unrecorded(task, concrete.name, now)
+            with self._authority(task, concrete.name):
+                used = concrete.suspend(self.target(task, concrete.name))
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
             if not mechanism.backed_up:
                 return self._suspend_failed(task, task.mechanism, exc, now)
+            if not self._recorded_first(task, MechanismName.SIGNAL):
+                return self._unrecorded(task, MechanismName.SIGNAL, now)
             try:
-                used = mechanisms.get(MechanismName.SIGNAL).suspend(target)
+                with self._authority(task, MechanismName.SIGNAL):
+                    signal_target = self.target(task, MechanismName.SIGNAL)
+                    used = mechanisms.get(MechanismName.SIGNAL).suspend(signal_target)
             except NoSuchProcess:
                 return False
             except GpreemptError as fallback:
@@ -189,6 +239,14 @@ class Executor:
         )
         return True
 
+    def _unrecorded(self, task: Task, mechanism: str, now: float) -> bool:
+        """A stop that could not be recorded first is not made (persist.py)."""
+        error = self.host.state_files_error() or "the state file cannot be written"
+        reason = GpreemptError(
+            f"not stopped: {error}, and a daemon killed now would leave it stopped"
+        )
+        return self._suspend_failed(task, mechanism, reason, now)
+
     def _suspend_failed(self, task: Task, mechanism: str, exc: Exception, now: float) -> bool:
         """Record that the policy wants ``task`` suspended and ``mechanism`` failed: its state
         becomes ``unprotected`` (status, top, metrics) until a suspension succeeds or the
@@ -209,7 +267,8 @@ class Executor:
         start = time.perf_counter()
         self.host.backstop.release(task)
         try:
-            self.host.mechanisms.concrete[used].resume(self.target(task))
+            with self._authority(task, used):
+                self.host.mechanisms.concrete[used].resume(self.target(task, used))
         except NoSuchProcess:
             pass
         except GpreemptError as exc:
@@ -226,11 +285,20 @@ class Executor:
         )
         return True
 
-    def target(self, task: Task) -> Target:
-        """What the mechanisms act on: the task's whole group only if every member belongs to
-        its owner (a root daemon could otherwise stop a root process in a user's job), else
-        its process alone; signals go to the process that started at its start time."""
-        whole = task.pgid is None or os.geteuid() != 0
+    def _authority(self, task: Task, mechanism: str) -> contextlib.AbstractContextManager[None]:
+        """Where signals go to ``task``'s group: with its owner's authority (identity.py)."""
+        if mechanism == MechanismName.SIGNAL and self.authority.usable(task.uid):
+            return self.authority.acting_as(task.uid)
+        return contextlib.nullcontext()
+
+    def target(self, task: Task, mechanism: str | None = None) -> Target:
+        """What ``mechanism`` acts on: the task's whole group where a root daemon signals it
+        with its owner's authority (the kernel then spares what the owner could not stop),
+        or where every member belongs to its owner (a root daemon could otherwise stop a
+        root process in a user's job), else its process alone; signals go to the process
+        that started at its start time."""
+        whole = task.pgid is None or os.geteuid() != 0 or task.uid == 0
+        whole = whole or (mechanism == MechanismName.SIGNAL and self.authority.usable(task.uid))
         if not whole:
             assert task.pgid is not None
             whole = self.host.census.owned_by(task.pgid, task.uid)

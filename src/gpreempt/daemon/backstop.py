@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
@@ -67,6 +68,7 @@ class Backstop:
         *,
         lock_available: bool = True,
         wake_fd: int | None = None,
+        record: Callable[[dict[int, str]], bool] | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -74,6 +76,8 @@ class Backstop:
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
+        #: Records a lock before it is taken (persist.py); False: it could not, so no lock.
+        self._record = record
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
@@ -179,6 +183,10 @@ class Backstop:
             if self._eligible(task) and (
                 task.hold_leaked or now >= task.preempted_since + self.delay_s
             ):
+                recorded = self._record is None or self._record({task.task_id: MechanismName.LOCK})
+                if not recorded:
+                    self._failed.add(task.task_id)  # a lock nobody could lift after a crash
+                    continue
                 self._locking.add(task.task_id)
                 thread = threading.Thread(
                     target=self._lock, args=(task.task_id, task.pid), daemon=True

@@ -3,7 +3,9 @@
 Each connection is a :class:`~gpreempt.daemon.peer.Peer` whose credentials the kernel vouches
 for. Requests are read at most ``MESSAGES_PER_TURN`` at a time and within their user's message
 rate; replies and pushes go out through the peer's bounded outbox, and while any wait, no
-further request of that peer is read. A peer that closes ends the tasks it owns.
+further request of that peer is read. The descriptors held for each user (sockets, control
+blocks, descriptors received or queued) are counted and capped, root's too: a peer that
+takes its user over the cap is dropped. A peer that closes ends the tasks it owns.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Connections:
         self.listener: socket.socket | None = None
         self.accept_paused_until = 0.0
         self._next_conn = 1
+        #: Descriptors held for each uid's connections (Peer.fds_held, summed).
+        self.fds_by_uid: dict[int, int] = {}
 
     def accept(self) -> None:
         """Accept what is waiting (a bounded number per turn). Out of descriptors, stop
@@ -117,6 +121,34 @@ class Connections:
         self._next_conn += 1
         self.peers[peer.conn_id] = peer
         self.selector.register(sock, selectors.EVENT_READ, ("peer", peer))
+        self._count_fds(peer)
+
+    def _count_fds(self, peer: Peer) -> bool:
+        """Count again the descriptors held for ``peer``; False (the caller drops it) if
+        that takes its user over the per-user cap."""
+        held = peer.fds_held() if peer.conn_id in self.peers else 0
+        total = self.fds_by_uid.get(peer.uid, 0) + held - peer.fds_counted
+        peer.fds_counted = held
+        if total > 0:
+            self.fds_by_uid[peer.uid] = total
+        else:
+            self.fds_by_uid.pop(peer.uid, None)
+        return total <= self.limits.fds_per_uid or held <= 3
+
+    def _over_fd_cap(self, peer: Peer) -> bool:
+        """Count ``peer``'s descriptors; over its user's cap, say so (if its socket takes the
+        line now), drop it and return True."""
+        if self._count_fds(peer):
+            return False
+        self.log(f"dropping client {peer.pid} (uid {peer.uid}): its user holds too many fds")
+        refusal = UsageError(
+            f"uid {peer.uid} makes the daemon hold more than {self.limits.fds_per_uid} "
+            "descriptors (the limit per user)"
+        )
+        with contextlib.suppress(OSError):
+            peer.connection.sock.send(encode(error_reply(refusal)))
+        self.drop_peer(peer)
+        return True
 
     def on_readable(self, peer: Peer) -> None:
         try:
@@ -129,6 +161,8 @@ class Connections:
             open_ = True
         except OSError:
             open_ = False
+        if self._over_fd_cap(peer):
+            return
         if not open_:
             # what it sent before closing is still served (a launcher's last words)
             self.serve_backlog(peer)
@@ -144,6 +178,7 @@ class Connections:
             self._serve_some(peer)
         finally:
             self._set_interest(peer)
+            self._count_fds(peer)
 
     def _serve_some(self, peer: Peer) -> None:
         for _ in range(bounds.MESSAGES_PER_TURN):
@@ -203,7 +238,10 @@ class Connections:
             done = outbox.flush()
         except OSError:
             return  # gone: dropped when its socket reads as closed
-        if not done:
+        finally:
+            if peer.conn_id in self.peers:
+                self._over_fd_cap(peer)
+        if not done and peer.conn_id in self.peers:
             self._set_interest(peer)
 
     def on_writable(self, peer: Peer) -> None:
@@ -216,6 +254,7 @@ class Connections:
         if done and peer.connection.buffered:
             self.backlog[peer.conn_id] = peer
         self._set_interest(peer)
+        self._count_fds(peer)
 
     def _set_interest(self, peer: Peer) -> None:
         """What to wait for on ``peer``'s socket: while replies wait, for it to take them
@@ -244,6 +283,7 @@ class Connections:
     def drop_peer(self, peer: Peer) -> None:
         if self.peers.pop(peer.conn_id, None) is None:
             return
+        self._count_fds(peer)  # no longer held: its count goes
         self.backlog.pop(peer.conn_id, None)
         if peer.interest:
             with contextlib.suppress(KeyError, ValueError):
@@ -259,6 +299,7 @@ class Connections:
             task = self.registry.tasks.get(peer.channel_task or -1)
             if task is not None:
                 task.controls.pop(peer.conn_id, None)
+                task.drop_rank(peer.conn_id)
                 changed = True
             # gates that watch this block must not wait for a request that will never end
             peer.control.clear_activity()

@@ -52,6 +52,19 @@ class Host(Protocol):
     def listen_to_doorbell(self, peer: Peer) -> None: ...
 
 
+def can_use_gpu(pid: int, gpu: int) -> bool:
+    """Whether process ``pid`` can use NVIDIA GPU ``gpu``: its device node is there in the
+    process's own root (a container sees only the GPUs it was given). Where the process
+    sees no NVIDIA device node at all (another vendor, no GPU), nothing can be told: yes."""
+    dev = f"/proc/{pid}/root/dev"
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return False
+    nodes = {n for n in names if n.startswith("nvidia") and n[6:].isdigit()}
+    return not nodes or f"nvidia{gpu}" in nodes
+
+
 class Handlers:
     """Serves requests for the daemon (one thread: its loop)."""
 
@@ -93,7 +106,13 @@ class Handlers:
         task = self.add_task(peer, info, request.task, owned=request.owned)
         if not request.owned:
             task.attached = True
-            self.host.state_files.save_attached(self.host.registry.tasks.values())
+            if not self.host.state_files.save_attached(self.host.registry.tasks.values()):
+                # a task a restarted daemon would not know: refused rather than half-managed
+                self.host.end_task(task, "its record could not be written")
+                raise UsageError(
+                    f"cannot record attached process {pid} for a restarted daemon "
+                    f"({self.host.state_files.last_error}); free some space and attach again"
+                )
         self.host.reconcile()
         return {"task": task.describe(time.monotonic())}
 
@@ -158,8 +177,8 @@ class Handlers:
         peer.control = control
         peer.channel_task = task.task_id
         task.controls[peer.conn_id] = control
-        if request.gpu is not None:
-            task.add_gpu(request.gpu)
+        if request.gpu is not None and can_use_gpu(peer.pid, request.gpu):
+            task.add_gpu(request.gpu, peer.conn_id)
         self.host.listen_to_doorbell(peer)
         if task.suspended and kind(task.suspended_with).in_process:
             control.set_gate(True)

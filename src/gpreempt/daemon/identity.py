@@ -3,8 +3,13 @@
 Three guards the daemon applies wherever it registers a process or signals one:
 - processes it must never stop: pid 1, the daemon itself and its ancestors (stopping one
   would stop the daemon, or the shell or supervisor that could restart it);
-- process groups it may signal as a whole only when every member belongs to the task's owner
-  (a job that ran ``sudo`` has a root process in its group that its user could not stop);
+- a root daemon signals a task's process group with its owner's authority: the signal goes
+  from a thread that took the owner's uid for that one call (``OwnerAuthority``), so the
+  kernel delivers it to exactly the members the owner could signal (a job that ran ``sudo``
+  has a root process in its group that its user could not stop). This costs two system
+  calls, whatever the number of processes on the node. Where the daemon cannot change its
+  uid (no CAP_SETUID), a group is signalled whole only when a scan of /proc finds every
+  member to be the owner's (``GroupCensus``), else its leader alone;
 - names shown to others are plain text: control characters and escape sequences in a task's
   name, or in a process's own name, are escaped so that ``status``, ``top`` and ``events``
   print what they received and nothing else.
@@ -12,7 +17,11 @@ Three guards the daemon applies wherever it registers a process or signals one:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import platform
+from collections.abc import Iterator
 
 from ..procinfo import ancestors
 
@@ -32,6 +41,48 @@ def clean_name(name: str) -> str:
         return name[:MAX_NAME]
     escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
     return escaped[:MAX_NAME]
+
+
+#: setresuid(2) by architecture: the raw call changes the calling thread alone (glibc's
+#: wrapper would change every thread of the daemon).
+_SETRESUID = {"x86_64": 117, "aarch64": 147, "ppc64le": 164}.get(platform.machine())
+
+
+class OwnerAuthority:
+    """Lends the daemon's loop thread a task owner's uid for one signal."""
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.available = os.geteuid() == 0 and _SETRESUID is not None and self._probe()
+
+    def _set(self, ruid: int, euid: int) -> bool:
+        return self._libc.syscall(_SETRESUID, ruid, euid, -1) == 0
+
+    def _probe(self) -> bool:
+        if not self._set(-1, 65534):
+            return False
+        if not self._set(-1, 0):  # cannot happen: the saved uid is still 0
+            raise OSError(ctypes.get_errno(), "cannot take back uid 0")
+        return True
+
+    def usable(self, uid: int) -> bool:
+        """Whether a signal to ``uid``'s tasks goes with its authority."""
+        return self.available and uid != 0
+
+    @contextlib.contextmanager
+    def acting_as(self, uid: int) -> Iterator[None]:
+        """Run the block with real and effective uid ``uid`` (the saved uid stays 0, so uid
+        0 and the daemon's capabilities come back after it)."""
+        if not self.usable(uid):
+            yield
+            return
+        if not self._set(uid, uid):
+            raise OSError(ctypes.get_errno(), f"cannot act as uid {uid}")
+        try:
+            yield
+        finally:
+            if not self._set(0, 0):
+                raise SystemExit("gpreempt serve: cannot take back uid 0; stopping")
 
 
 class GroupCensus:

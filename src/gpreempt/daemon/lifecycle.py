@@ -8,12 +8,14 @@ suspended, the tasks registered with ``attach``) is written whenever it changes
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import GpreemptError
 from ..messages import TaskFields
-from ..procinfo import alive
+from ..procinfo import ProcessInfo, alive, open_verified
 from . import persist
 from .apply import Executor
 from .event_log import EventLog
@@ -107,22 +109,29 @@ class TaskLifecycle:
 
     def reattach(self) -> None:
         """Register again the tasks a previous daemon had from ``attach``: each only if its
-        pid still names the same process (start time) of the same user."""
+        pid still names the same process (start time) of the same user. One found stopped is
+        continued first: this daemon stopped nothing yet, and the one that did is gone (its
+        policy stops it again if it must)."""
         for record in persist.load_attached(self.state_files.attached_path):
             try:
                 info = self.registrar.registrable(None, record.pid)
                 if info.start_time != record.start_time or info.uid != record.uid:
                     continue
+                self._continue_if_stopped(info)
                 if self.registry.by_pid(record.pid) is not None:
                     continue
+                # the limits of this daemon, which may be stricter than its predecessor's
+                priority, min_share, timeslice_ms = self.registrar.limits.clamp(
+                    record.uid, record.priority, record.min_share, record.timeslice_ms
+                )
                 fields = {
                     "name": record.name,
-                    "priority": record.priority,
+                    "priority": priority,
                     "gpus": record.gpus,
                     "mechanism": record.mechanism,
                     "always_active": record.always_active,
-                    "timeslice_ms": record.timeslice_ms,
-                    "min_share": record.min_share,
+                    "timeslice_ms": timeslice_ms,
+                    "min_share": min_share,
                     "reserve_bytes": record.reserve_bytes,
                 }
                 task = self.registrar.new_task(None, info, TaskFields.from_wire(fields))
@@ -140,6 +149,28 @@ class TaskLifecycle:
                 reason="attached under a previous daemon",
             )
         self.persist_attached()
+
+    def _continue_if_stopped(self, info: ProcessInfo) -> None:
+        """SIGCONT ``info``'s process (its group if it leads one) if it is stopped."""
+        if info.state != "T":
+            return
+        try:
+            pidfd = open_verified(info.pid, info.start_time)
+        except GpreemptError:
+            return
+        try:
+            if info.pgid == info.pid:
+                os.killpg(info.pgid, signal.SIGCONT)
+            else:
+                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+        except OSError as exc:
+            self.log(f"cannot continue stopped process {info.pid}: {exc.strerror or exc}")
+            return
+        finally:
+            os.close(pidfd)
+        self.events.write(
+            "resume", pid=info.pid, reason="found stopped when registered again after a restart"
+        )
 
     def publish_states(self) -> None:
         """Hand every task's state to the metrics, if they are served."""

@@ -31,6 +31,14 @@ MESSAGES_PER_TURN = 16
 #: and register a task, which holds one (its pidfd).
 RESERVED_FDS = 64
 FDS_PER_CONNECTION = 4
+#: Descriptors the daemon may hold on behalf of one user (sockets, control blocks, doorbells,
+#: descriptors received and not yet claimed, descriptors queued for its clients); at most
+#: half of what the daemon may open, so that no user, root included, can starve the others.
+MAX_FDS_PER_UID = 16384
+#: Largest ``--min-share`` and ``--timeslice-ms`` users other than root may ask of a shared
+#: daemon: more would let one user's low task keep another user's high one off the GPU.
+MAX_USER_MIN_SHARE = 0.5
+MAX_USER_TIMESLICE_MS = 1000.0
 
 
 def raise_fd_limit() -> int:
@@ -85,11 +93,19 @@ class Limits:
     allowed: dict[int, int] = field(default_factory=dict)
     #: Connections the daemon accepts in all (sized from its descriptor limit at start).
     max_connections: int = 1 << 16
+    #: Descriptors held for one user (sized from the descriptor limit at start).
+    fds_per_uid: int = MAX_FDS_PER_UID
     _buckets: dict[int, TokenBucket] = field(default_factory=dict)
 
     def size_for_fd_limit(self, fd_limit: int) -> None:
         """Accept no more connections than descriptors allow (with room to spare)."""
         self.max_connections = max(16, (fd_limit - RESERVED_FDS) // FDS_PER_CONNECTION)
+        self.fds_per_uid = min(MAX_FDS_PER_UID, max(64, (fd_limit - RESERVED_FDS) // 2))
+
+    def connections_allowed(self) -> int:
+        """Connections one user (root too) may hold: the per-user limit, and never more
+        than half of all the daemon accepts."""
+        return min(self.connections_per_uid, max(16, self.max_connections // 2))
 
     def allow_message(self, uid: int, now: float) -> float | None:
         """None if ``uid`` may send one more message now, else when it may."""
@@ -102,7 +118,7 @@ class Limits:
         """Why a new connection from ``uid`` (holding ``per_uid`` of ``total``) is refused."""
         if total >= self.max_connections:
             return f"the daemon serves its maximum of {self.max_connections} connections"
-        if uid != 0 and per_uid >= self.connections_per_uid:
+        if per_uid >= self.connections_allowed():
             return (
                 f"uid {uid} already holds {per_uid} connections (the limit per user); "
                 "close some clients first"
@@ -121,6 +137,35 @@ class Limits:
         if not self.shared or uid == 0:
             return None
         return self.allowed.get(uid, self.max_user_priority)
+
+    def check_shares(self, uid: int, min_share: float | None, timeslice_ms: float | None) -> None:
+        """Refuse a ``--min-share`` or ``--timeslice-ms`` above what ``uid`` may ask for."""
+        if self.ceiling(uid) is None:
+            return
+        if min_share is not None and min_share > MAX_USER_MIN_SHARE:
+            raise PermissionDenied(
+                f"--min-share {min_share:g} is above the {MAX_USER_MIN_SHARE:g} users other "
+                "than root may ask of a shared daemon"
+            )
+        if timeslice_ms is not None and timeslice_ms > MAX_USER_TIMESLICE_MS:
+            raise PermissionDenied(
+                f"--timeslice-ms {timeslice_ms:g} is above the {MAX_USER_TIMESLICE_MS:g} ms users "
+                "other than root may ask of a shared daemon"
+            )
+
+    def clamp(
+        self, uid: int, priority: int, min_share: float | None, timeslice_ms: float | None
+    ) -> tuple[int, float | None, float | None]:
+        """``uid``'s settings cut to what it may ask for now (a persisted task registered
+        again by a daemon started with other limits)."""
+        top = self.ceiling(uid)
+        if top is None:
+            return priority, min_share, timeslice_ms
+        if min_share is not None:
+            min_share = min(min_share, MAX_USER_MIN_SHARE)
+        if timeslice_ms is not None:
+            timeslice_ms = min(timeslice_ms, MAX_USER_TIMESLICE_MS)
+        return min(priority, top), min_share, timeslice_ms
 
     def check_priority(self, uid: int, priority: int) -> None:
         top = self.ceiling(uid)

@@ -20,6 +20,9 @@ from collections.abc import Sequence
 #: Bytes that may wait for one client on top of the message being written to it. A
 #: ``status`` reply of any size is always accepted by an empty queue.
 MAX_QUEUED_BYTES = 1 << 20
+#: Descriptors that may wait for one client (watch lists carry one per watched block): a
+#: client that never reads must not make the daemon hold descriptors without bound.
+MAX_QUEUED_FDS = 256
 
 
 class Outbox:
@@ -27,22 +30,30 @@ class Outbox:
     non-blocking socket. Owns the descriptors handed to :meth:`put` and closes them once sent
     or discarded."""
 
-    def __init__(self, sock: socket.socket, limit: int = MAX_QUEUED_BYTES) -> None:
+    def __init__(
+        self, sock: socket.socket, limit: int = MAX_QUEUED_BYTES, fd_limit: int = MAX_QUEUED_FDS
+    ) -> None:
         self.sock = sock
         self.limit = limit
+        self.fd_limit = fd_limit
         self._items: deque[tuple[memoryview, list[int]]] = deque()
         self.queued = 0
+        #: Descriptors queued (owned here until sent or discarded).
+        self.fds = 0
 
     def __bool__(self) -> bool:
         return bool(self._items)
 
     def put(self, data: bytes, fds: Sequence[int] = ()) -> bool:
         """Queue a message; False (and ``fds`` closed) if the client let too much pile up."""
-        if self._items and self.queued + len(data) > self.limit:
+        if self._items and (
+            self.queued + len(data) > self.limit or self.fds + len(fds) > self.fd_limit
+        ):
             _close_all(fds)
             return False
         self._items.append((memoryview(data), list(fds)))
         self.queued += len(data)
+        self.fds += len(fds)
         return True
 
     def flush(self) -> bool:
@@ -55,6 +66,7 @@ class Outbox:
                     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
                     sent = self.sock.sendmsg([data], rights)
                     _close_all(fds)  # they went with the first byte
+                    self.fds -= len(fds)
                     fds.clear()
                 else:
                     sent = self.sock.send(data)
@@ -73,6 +85,7 @@ class Outbox:
             _close_all(fds)
         self._items.clear()
         self.queued = 0
+        self.fds = 0
 
 
 def _close_all(fds: Sequence[int]) -> None:

@@ -38,6 +38,15 @@ class Peer:
     paused_until: float = 0.0
     #: What the selector waits for on its socket now (0: nothing, its requests wait).
     interest: int = selectors.EVENT_READ
+    #: Descriptors the daemon holds for this connection, as last counted (connections.py).
+    fds_counted: int = 0
+
+    def fds_held(self) -> int:
+        """Descriptors the daemon holds for this connection now: its socket, its control
+        block and doorbell, descriptors received and not yet claimed, and those queued for it."""
+        queued = self.outbox.fds if self.outbox is not None else 0
+        block = 2 if self.control is not None else 0
+        return 1 + block + self.connection.fds_held + queued
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

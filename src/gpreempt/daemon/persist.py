@@ -1,8 +1,11 @@
 """What must outlive the daemon: which processes it left suspended, and how.
 
-Written on every change of the suspended set, so that a daemon killed with SIGKILL can be
-replaced by one that resumes those processes. A process is identified by its pid *and* its
-start time, so a recycled pid is never signalled.
+Recorded *before* the daemon acts: a process is written down (and the file synced) before it
+is stopped by a signal, locked in the driver or has its queues unmapped, so that a daemon
+killed with SIGKILL at any instant is replaced by one that resumes it. A stop that cannot be
+recorded (a full disk) is not made: the task shows as ``unprotected`` instead. The file is
+rewritten again after the pass, when what it records changed. A process is identified by
+its pid *and* its start time, so a recycled pid is never signalled.
 
 Also kept: the tasks registered with ``attach`` (``attached.json``), which no launcher or
 in-process client would register again, so that a restarted daemon goes on preempting them.
@@ -171,12 +174,16 @@ class StateFiles:
         self.write_failures = 0
         self.last_error: str | None = None
 
-    def save_suspended(self, tasks: Iterable[Task]) -> None:
-        """Record what a successor must resume if this daemon dies, when that changes.
+    def save_suspended(self, tasks: Iterable[Task], about_to: dict[int, str] | None = None) -> bool:
+        """Record what a successor must resume if this daemon dies, when that changes;
+        ``about_to``: tasks (by id) the daemon is about to stop, and the concrete mechanism
+        it will use (recorded before it acts). Returns whether the file now says so.
 
         Tasks held by their gate alone are left out: their client reopens its own gate when
         the daemon goes away. So the many short gate preemptions cost no write here.
         """
+        tasks = list(tasks)
+        pending = about_to or {}
         records = [
             SuspendedRecord(
                 pid=t.pid,
@@ -195,11 +202,28 @@ class StateFiles:
             if t.evicted
             or (t.suspended and (not kind(t.suspended_with).in_process or t.backstop_locked))
         ]
-        if records != self._suspended and self._save(self.state_path, records):
+        listed = {r.pid for r in records}
+        records += [
+            SuspendedRecord(
+                pid=t.pid,
+                pgid=t.pgid,
+                start_time=t.start_time,
+                mechanism=pending[t.task_id],
+                name=t.name,
+            )
+            for t in tasks
+            if t.task_id in pending and t.pid not in listed
+        ]
+        if records == self._suspended:
+            return True
+        if self._save(self.state_path, records):
             self._suspended = records
+            return True
+        return False
 
-    def save_attached(self, tasks: Iterable[Task]) -> None:
-        """Record the tasks registered with ``attach`` for a restarted daemon, when they change."""
+    def save_attached(self, tasks: Iterable[Task]) -> bool:
+        """Record the tasks registered with ``attach`` for a restarted daemon, when they
+        change; returns whether the file now says so."""
         records = [
             AttachedRecord(
                 pid=t.pid,
@@ -217,8 +241,12 @@ class StateFiles:
             for t in tasks
             if t.attached
         ]
-        if records != self._attached and self._save(self.attached_path, records):
+        if records == self._attached:
+            return True
+        if self._save(self.attached_path, records):
             self._attached = records
+            return True
+        return False
 
     def forget(self) -> None:
         """Write both files again at the next save (the directory was recreated)."""

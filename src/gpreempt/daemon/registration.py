@@ -90,6 +90,7 @@ class Registrar:
             )
         if caller_uid is not None:
             self.limits.check_priority(caller_uid, fields.priority)
+            self.limits.check_shares(caller_uid, fields.min_share, fields.timeslice_ms)
         return Task(
             task_id=self.registry.new_id(),
             pid=info.pid,

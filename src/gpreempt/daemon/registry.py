@@ -43,6 +43,8 @@ class Task:
     owner: int | None = None
     #: Control blocks of in-process clients, keyed by connection id.
     controls: dict[int, ControlBlock] = field(default_factory=dict)
+    #: GPUs its ranks added (not among those it registered with), by connection id.
+    rank_gpus: dict[int, int] = field(default_factory=dict)
     #: Where it stands with the GPU; changed only by task_state.change_state.
     state: TaskState = TaskState.RUNNING
     #: Concrete mechanism that suspended it (resume with the same one); the last one, once
@@ -90,11 +92,19 @@ class Task:
     #: (None where pidfds are unavailable); closed when the task ends.
     pidfd: int | None = None
 
-    def add_gpu(self, gpu: int) -> None:
-        """Count the task on ``gpu`` too: a process of it (a rank of a multi-GPU job) said it
-        uses that GPU, so a more important task there preempts the whole task."""
+    def add_gpu(self, gpu: int, conn_id: int) -> None:
+        """Count the task on ``gpu`` too while connection ``conn_id`` lasts: a process of it
+        (a rank of a multi-GPU job) said it uses that GPU, so a more important task there
+        preempts the whole task."""
         if gpu not in self.gpus and len(self.gpus) < MAX_GPUS:
             self.gpus = (*self.gpus, gpu)
+            self.rank_gpus[conn_id] = gpu
+
+    def drop_rank(self, conn_id: int) -> None:
+        """The process of connection ``conn_id`` is gone: the GPU only it added goes too."""
+        gpu = self.rank_gpus.pop(conn_id, None)
+        if gpu is not None and gpu not in self.rank_gpus.values():
+            self.gpus = tuple(g for g in self.gpus if g != gpu) or self.gpus
 
     @property
     def suspended(self) -> bool:

@@ -88,6 +88,15 @@ class RuntimeClaim:
             and FileIdentity.of(self.socket_path) == self._socket_identity
         )
 
+    def holds_directory(self) -> bool:
+        """Whether the directory and lock paths still name what this daemon took (the socket
+        alone may have gone)."""
+        return (
+            self.lock_fd is not None
+            and FileIdentity.of(self.runtime_dir) == self._dir_identity
+            and FileIdentity.of(self.lock_path) == self._lock_identity
+        )
+
     def release(self) -> None:
         """Let the lock go (its file stays: removing it would race a successor)."""
         if self.lock_fd is not None:

@@ -102,6 +102,8 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self.started_at = time.time()
         self._stopping = False
+        #: Why the daemon stopped serving by itself (its runtime directory lost), if it did.
+        self.lost: str | None = None
         self._last_liveness = 0.0
         self.metrics: Any = None
         #: Set when something changed outside a scheduling pass (a restore): run one soon.
@@ -174,6 +176,7 @@ class Daemon:
             self.backstop_ms,
             lock_available=self.mechanisms.lock_unavailable is None,
             wake_fd=self._wake_w,
+            record=self.record_stops,
         )
         self.lifecycle = TaskLifecycle(
             self.registry,
@@ -222,11 +225,16 @@ class Daemon:
         self._stopping = True
 
     def serve_forever(self) -> None:
+        """Serve until a signal stops the daemon. A daemon that had to stop because it lost
+        its runtime directory to another raises GpreemptError once it resumed everything, so
+        that it exits nonzero (a supervisor with ``Restart=on-failure`` starts it again)."""
         try:
             while not self._stopping:
                 self._serve_once()
         finally:
             self.shutdown()
+        if self.lost is not None:
+            raise GpreemptError(f"stopped: {self.lost}")
 
     def _serve_once(self) -> None:
         """One turn of the loop: whatever is ready, then the periodic checks. Every step is
@@ -315,24 +323,32 @@ class Daemon:
         task and stop, so that two daemons never split the node."""
         if self.claim.intact():
             return
+        if self.claim.holds_directory():  # only the socket went: bind it again
+            self.log(f"socket {self.claim.socket_path} was deleted or replaced; binding it again")
+            self._relisten()
+            return
         self.log(f"runtime directory {self.runtime_dir} was deleted or replaced")
         try:
             self.claim.take_lock()
         except GpreemptError as exc:
             self.log(f"cannot take it again ({exc}); resuming every task and stopping")
+            self.lost = f"lost runtime directory {self.runtime_dir}: {exc}"
             self._stopping = True
             return
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(self.listener)
-        self.listener.close()
-        self.connections.accept_paused_until = 0.0
-        self._listen()
+        self._relisten()
         self.events.reopen()
         self.state_files.forget()
         self.persist()
         self.lifecycle.persist_attached()
         self.events.write("daemon-start", reason="runtime directory recreated", pid=os.getpid())
         self.log(f"recreated {self.runtime_dir} and serving again")
+
+    def _relisten(self) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        self.connections.accept_paused_until = 0.0
+        self._listen()
 
     def _listen(self) -> None:
         self.listener = self.claim.listen()
@@ -355,6 +371,14 @@ class Daemon:
 
     def persist(self) -> None:
         self.lifecycle.persist()
+
+    def record_stops(self, about_to: dict[int, str]) -> bool:
+        """Record, durably, the tasks about to be stopped (by id, with the mechanism) before
+        they are: False if that could not be written (the stop must not be made)."""
+        return self.state_files.save_suspended(self.registry.tasks.values(), about_to)
+
+    def state_files_error(self) -> str | None:
+        return self.state_files.last_error
 
     def publish_states(self) -> None:
         self.lifecycle.publish_states()

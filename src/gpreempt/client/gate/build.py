@@ -24,7 +24,9 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -78,8 +80,38 @@ def _check_toolchain() -> None:
         raise NativeGateUnavailable("ninja is not installed; `pip install ninja`")
 
 
+#: How long a loader waits for another one's build lock (a trainer stopped while building
+#: holds it): after that, a built extension is imported without the lock, else the gate
+#: goes without it.
+LOCK_WAIT_S = 10.0
+
+
+def check_private(path: Path) -> None:
+    """Refuse a cache directory another user could have planted: it must be a real
+    directory of this user, not writable by group or others (its extension runs as us)."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise NativeGateUnavailable(
+            f"{path} is not a private directory of yours (uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}): its extension could be anyone's; set "
+            f"{ENV_CACHE_DIR} to a directory only you can write"
+        )
+
+
+def _import_built(name: str, built: Path) -> ModuleType:
+    """Import an extension already built, without ``cpp_extension`` (and its lock file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, built)
+    if spec is None or spec.loader is None:
+        raise NativeGateUnavailable(f"cannot import {built}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @contextlib.contextmanager
-def _building(build_dir: Path) -> Iterator[None]:
+def _building(build_dir: Path) -> Iterator[bool]:
     """Hold the build directory for one process at a time, with a lock the kernel drops when
     its holder dies.
 
@@ -88,12 +120,21 @@ def _building(build_dir: Path) -> Iterator[None]:
     holding it (a trainer stopped at start-up) would hang every later one at ``import torch``.
     Under this lock no other loader runs, so such a file is left over and goes.
     """
-    fd = os.open(build_dir / "build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(build_dir / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False  # held (by a stopped process, maybe): the caller goes without
+                    return
+                time.sleep(0.02)
         with contextlib.suppress(FileNotFoundError):
             (build_dir / "lock").unlink()
-        yield
+        yield True
     finally:
         os.close(fd)  # drops the lock
 
@@ -116,6 +157,8 @@ def load_native(*, verbose: bool = False) -> ModuleType:
     build_dir = cache_root() / name
     try:
         build_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private(build_dir)
+        check_private(build_dir.parent)
     except OSError as exc:
         raise NativeGateUnavailable(
             f"cannot create the build directory {build_dir}: {exc}"
@@ -129,7 +172,15 @@ def load_native(*, verbose: bool = False) -> ModuleType:
             flush=True,
         )
     try:
-        with _building(build_dir):
+        with _building(build_dir) as held:
+            if not held:
+                if not built.exists():
+                    raise NativeGateUnavailable(
+                        f"another process holds the build lock of {build_dir}"
+                    )
+                module = _import_built(name, built)
+                _loaded = module
+                return module
             module = cpp_extension.load(
                 name=name,
                 sources=[str(SOURCE)],
@@ -138,6 +189,8 @@ def load_native(*, verbose: bool = False) -> ModuleType:
                 with_cuda=False,
                 verbose=verbose,
             )
+    except NativeGateUnavailable:
+        raise
     except Exception as exc:  # compiler errors come as RuntimeError/CalledProcessError
         raise NativeGateUnavailable(
             f"building the launch gate extension failed ({type(exc).__name__}: {exc}); "
