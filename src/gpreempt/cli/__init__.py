@@ -5,8 +5,8 @@ Open the module named after the command (``gpreempt status`` is :mod:`.status`);
 whose name starts with ``_`` are helpers of several commands (:mod:`._task_options`, the
 options of ``run`` and ``attach``) or of one (:mod:`._analyze_tables`). The commands parse and
 print; the work is below them: ``run`` in :mod:`gpreempt.client.launcher`, ``serve`` in
-:mod:`gpreempt.daemon`, ``bench`` and ``demo`` in :mod:`gpreempt.bench`, ``top``, ``queues``
-and ``analyze`` in :mod:`gpreempt.monitor`. :func:`main` is the entry point.
+:mod:`gpreempt.daemon` (``stop`` signals it), ``bench`` and ``demo`` in :mod:`gpreempt.bench`,
+``top``, ``queues`` and ``analyze`` in :mod:`gpreempt.monitor`. :func:`main` is the entry point.
 
 A subcommand's handler takes the parsed arguments and returns the exit code. Every command
 follows one convention (``gpreempt run`` returns its command's code once that has started):
@@ -50,6 +50,7 @@ class Parser(argparse.ArgumentParser):
 SUBCOMMANDS = (
     "demo",
     "serve",
+    "stop",
     "run",
     "attach",
     "status",
