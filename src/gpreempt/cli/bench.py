@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import MechanismUnavailable, UsageError
 
 EPILOG = """\
 scenarios (a-alone and b-alone are always measured, every ratio needs them):
@@ -220,16 +220,8 @@ def _out_dir(value: str | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench.device import gpu_present
-
-    if not gpu_present():
-        print(
-            "gpreempt bench: no NVIDIA GPU found (`nvidia-smi -L` lists none). The benchmark "
-            "measures GPU sharing and needs one; run it on a GPU machine.",
-            file=sys.stderr,
-        )
-        return 2
     from ..bench.builtin_workloads import CASE_A_BATCH
+    from ..bench.device import gpu_present
     from ..bench.runner import BenchConfig, run_bench
     from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
     from ..bench.workload_argv import Workloads
@@ -245,6 +237,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--scenarios is empty: name at least one scenario")
     if args.case_b_fn and args.case_b_cmd:
         raise UsageError("give --case-b-fn or --case-b-cmd, not both")
+    if not gpu_present():  # after the options are checked: bad input is said first
+        raise MechanismUnavailable(
+            "no NVIDIA GPU found (`nvidia-smi -L` lists none): the benchmark measures GPU "
+            "sharing and needs one; run it on a GPU machine (`gpreempt demo` runs anywhere)"
+        )
     warmup = args.warmup_s if args.warmup_s is not None else (1.0 if args.quick else 2.0)
     requests = args.requests or (500 if args.quick else 1000)
     workloads = Workloads(
