@@ -1,10 +1,11 @@
-"""``gpreempt analyze``: what queues and kernels a workload uses, from logs or traces.
+"""``gpreempt analyze``: the queues and kernels a workload uses, from logs or traces.
 
-* ``gpreempt analyze amd-log FILE [FILE...]``: HIP runtime logs (``AMD_LOG_LEVEL=3..5``),
-  plain or gzip, any size; two or more files are compared side by side (Case-A vs Case-B).
+* ``gpreempt analyze amd-log FILE [FILE...]``: HIP runtime logs
+  (``AMD_LOG_LEVEL=3..5``), plain or gzip, any size; two or more files are
+  compared side by side (Case-A vs Case-B).
 * ``gpreempt analyze trace -- SCRIPT.py ARGS``: run a PyTorch script under
-  torch.profiler and report per CUDA/HIP stream; ``--trace FILE`` (repeatable) analyses
-  saved Chrome traces.
+  torch.profiler and report per CUDA/HIP stream; ``--trace FILE`` (repeatable)
+  analyses saved Chrome traces.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""``gpreempt queues``: what runs on the GPUs now, per process and per hardware queue.
+"""``gpreempt queues``: what runs on the GPUs now, per process and hardware queue.
 
-NVIDIA: compute processes per GPU from NVML (pid, name, memory, SM utilisation), joined with
-the daemon's registry (task, priority, state). AMD: each process's queues from
-``/sys/kernel/debug/kfd/mqds`` and the active hardware queue slots per pipe from ``hqds``
-(root only; ``--mqds FILE --hqds FILE`` read saved copies). A source that cannot be read is
-named with the reason, never silently skipped.
+NVIDIA: compute processes per GPU from NVML (pid, name, memory, SM
+utilisation), joined with the daemon's registry (task, priority, state).
+AMD: each process's queues from ``/sys/kernel/debug/kfd/mqds`` and the active
+hardware queue slots per pipe from ``hqds`` (root only; ``--mqds FILE --hqds
+FILE`` read saved copies). A source that cannot be read is named with the
+reason, never silently skipped. A machine without a GPU says so.
 """
 
 from __future__ import annotations
