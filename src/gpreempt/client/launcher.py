@@ -163,13 +163,7 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
 def check_policy(client: DaemonClient, policy: str | None) -> DaemonClient:
     """``client``, after one line on stderr if its daemon runs another policy than the one
     asked for: ``--policy`` applies only to a daemon that ``run`` starts."""
-    if policy is None:
-        return client
-    try:
-        running = client.ping().get("policy")
-    except GpreemptError:
-        client.close()
-        raise
+    running = client.ping().get("policy") if policy else None
     if running and running != policy:
         say(
             f"the daemon already running uses policy {running}, not {policy}: "
@@ -222,11 +216,9 @@ class Launcher:
         try:
             # The command waits (in a minimal Python, before exec) until it is registered, so
             # that it never runs unseen by the daemon; the pid stays the same across exec.
+            wrapper = [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), str(ready_w)]
             self.process = subprocess.Popen(
-                [
-                    *(sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC),
-                    *(str(go_r), str(ready_w), *self.command),
-                ],
+                [*wrapper, *self.command],
                 env=child_environment(self.runtime_dir),
                 start_new_session=True,  # never orphaned while stopped (module docstring)
                 pass_fds=(go_r, ready_w),
@@ -328,9 +320,9 @@ class Launcher:
         return 128 - code if code < 0 else code
 
     def _report_exit(self) -> None:
-        """Tell the daemon how the command ended (its events say "its command exited (code
-        N)"), read before reaping it so that its pid still names it. Best effort: a daemon
-        that does not answer within a moment ends the task when the connection closes."""
+        """Tell the daemon how the command ended ("its command exited (code N)"), read before
+        reaping it so that its pid still names it; a daemon that does not answer at once ends
+        the task when the connection closes."""
         assert self.process is not None and self.client is not None
         try:
             info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
