@@ -248,6 +248,8 @@ def test_gpus_found_reads_device_nodes(tmp_path: Path) -> None:
 
 
 def test_stop_leaves_nothing_suspended(runtime_dir: Path, tmp_path: Path) -> None:
+    started = gpreempt(runtime_dir, "run", "--", "true")  # says how to stop what it started
+    assert "`gpreempt stop` stops it" in started.stderr
     low = spawn(runtime_dir, "run", "--priority", "low", "--name", "low", "--", "sleep", "60")
     high = spawn(
         runtime_dir, "run", "-p", "high", "--always-active", "--name", "high", "--", "sleep", "60"

@@ -152,7 +152,7 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
         except DaemonUnavailable:
             time.sleep(0.05)
             continue
-        say(f"started a daemon in the background (pid {process.pid}, {runtime_dir})")
+        say(f"started a daemon (pid {process.pid}, {runtime_dir}); `gpreempt stop` stops it")
         return client
     raise DaemonUnavailable(
         f"the daemon started but did not answer within {DAEMON_START_TIMEOUT_S:.0f} s; "
