@@ -24,10 +24,11 @@ from gpreempt.errors import UsageError
 HERE = Path(__file__).parent
 FAKES = HERE / "bench_fakes.py"
 GIB = 1 << 30
+#: The opt-in scenarios that need no PyTorch (GPUScheduler's launch gate hooks PyTorch: its
+#: scenario has a test of its own, skipped without it).
 NEW = (
     "gpreempt-timeslice",
     "gpreempt-share",
-    "gpreempt-scheduler",
     "memory-pressure",
     "memory-pressure-baseline",
 )
@@ -106,18 +107,6 @@ def test_opt_in_scenarios_run_and_report(tmp_path):
     assert "--priority" in timeslice["case-a"] and "high" in timeslice["case-a"]
     assert rows["gpreempt-share"]["preempt_latency_ms"]["p50"] == pytest.approx(0.25)
 
-    # GPUScheduler: one process, no daemon, its own accounting of Case-B's suspended time
-    assert not (runs / "gpreempt-scheduler" / "events.jsonl").exists()
-    served = json.loads((runs / "gpreempt-scheduler/case-a.json").read_text())
-    trained = json.loads((runs / "gpreempt-scheduler/case-b-0.json").read_text())
-    assert served["scheduler"] is True and served["pid"] == trained["pid"]
-    assert set(trained["scheduler_stats"]) == {"case-a", "case-b"}
-    sched = rows["gpreempt-scheduler"]
-    assert sched["suspensions"] is None and sched["preempt_latency_ms"] is None
-    # Case-B's suspended time comes from the scheduler's own statistics.
-    assert 0.0 <= sched["b_suspended_fraction"] <= 1.0
-    assert trained["scheduler_stats"]["case-b"]["suspended_seconds"] >= 0.0
-
     # memory pressure: Case-A got its memory under gpreempt, ran out of it without
     pressure, baseline = rows["memory-pressure"], rows["memory-pressure-baseline"]
     memory_a = _registered(runs / "memory-pressure")["case-a"]
@@ -143,7 +132,37 @@ def test_opt_in_scenarios_run_and_report(tmp_path):
     assert "## Memory pressure" in text
     assert "| memory-pressure | yes | yes |" in text
     assert "| memory-pressure-baseline | yes | **no (OOM)** |" in text
-    assert "| gpreempt-scheduler | n/a |" in text and "| gpreempt-timeslice |" in text
+    assert "| gpreempt-timeslice |" in text
+
+
+def test_scheduler_scenario_runs_in_one_process(tmp_path):
+    pytest.importorskip("torch")  # the scheduler's launch gate hooks PyTorch
+    out = tmp_path / "run"
+    config = BenchConfig(
+        out_dir=out,
+        requests=60,
+        scenarios=("gpreempt-scheduler",),
+        calibrate_requests=20,
+        workloads=_workloads(),
+        gpreempt=(sys.executable, str(FAKES)),
+        nvml=False,
+        probe_device=False,
+    )
+    rows = run_bench(config)["scenarios"]
+    assert rows["gpreempt-scheduler"]["valid"], rows["gpreempt-scheduler"]["invalid_reason"]
+    runs = out / "runs" / "r0"
+    # GPUScheduler: one process, no daemon, its own accounting of Case-B's suspended time
+    assert not (runs / "gpreempt-scheduler" / "events.jsonl").exists()
+    served = json.loads((runs / "gpreempt-scheduler/case-a.json").read_text())
+    trained = json.loads((runs / "gpreempt-scheduler/case-b-0.json").read_text())
+    assert served["scheduler"] is True and served["pid"] == trained["pid"]
+    assert set(trained["scheduler_stats"]) == {"case-a", "case-b"}
+    sched = rows["gpreempt-scheduler"]
+    assert "| gpreempt-scheduler | n/a |" in (out / "report.md").read_text()
+    assert sched["suspensions"] is None and sched["preempt_latency_ms"] is None
+    # Case-B's suspended time comes from the scheduler's own statistics.
+    assert 0.0 <= sched["b_suspended_fraction"] <= 1.0
+    assert trained["scheduler_stats"]["case-b"]["suspended_seconds"] >= 0.0
 
 
 def _harness(tmp_path: Path, plan: memory_pressure.MemoryPlan | None, **work) -> Harness:
@@ -259,8 +278,9 @@ def test_scheduled_role_argv_and_opt_in_lists():
     assert argv[1:4] == ["-m", "gpreempt.bench.workloads", "scheduled"]
     assert argv[argv.index("--train-fn") + 1] == "bench_fakes:train_factory"
     assert argv[argv.index("--train-out") + 1] == "b.json"
-    assert set(OPT_IN_SCENARIOS) == {*NEW, "gpreempt-gate-mps"}
-    assert not set(NEW) & set(DEFAULT_SCENARIOS) and set(NEW) <= set(ALL_SCENARIOS)
+    opt_in = {*NEW, "gpreempt-scheduler"}
+    assert set(OPT_IN_SCENARIOS) == {*opt_in, "gpreempt-gate-mps"}
+    assert not opt_in & set(DEFAULT_SCENARIOS) and opt_in <= set(ALL_SCENARIOS)
     assert BenchConfig(out_dir=Path("x")).scenarios == DEFAULT_SCENARIOS
 
 
@@ -310,6 +330,7 @@ def test_cli_help_lists_the_opt_in_scenarios_and_memory_options(capsys):
     text = capsys.readouterr().out
     for word in (
         *NEW,
+        "gpreempt-scheduler",
         "opt-in",
         "--scenarios all",
         "--ballast-gib",

@@ -182,9 +182,9 @@ def test_missing_mps_makes_mps_scenarios_invalid_not_fatal(tmp_path):
     assert row["valid"] is False and "not found" in row["invalid_reason"]
 
 
-def test_cli_without_gpu_says_so_and_exits_2(monkeypatch, capsys):
+def test_cli_without_gpu_says_so_and_exits_1(monkeypatch, capsys):
     monkeypatch.setattr("gpreempt.bench.device.gpu_present", lambda: False)
-    assert main(["bench", "--quick"]) == 2
+    assert main(["bench", "--quick"]) == 1  # could not be done: not bad input
     assert "no NVIDIA GPU" in capsys.readouterr().err
 
 

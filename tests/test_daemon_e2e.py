@@ -248,10 +248,13 @@ def test_python_api_suspend_resume(
 
 
 def test_attached_task_ends_when_process_exits(daemon: Daemon, runtime_dir: Path) -> None:
-
-    proc = subprocess.Popen(["sleep", "0.5"])
+    # A process that exits when told to (its stdin closes), not after a time that a loaded
+    # machine may spend before `attach` has even started.
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert gpreempt(runtime_dir, "attach", "--pid", str(proc.pid)).returncode == 0
-    proc.wait()
+    assert [t["pid"] for t in tasks(runtime_dir)] == [proc.pid]
+    proc.stdin.close()
+    assert proc.wait(10) == 0
     assert wait_for(lambda: tasks(runtime_dir) == [], 3)
 
 

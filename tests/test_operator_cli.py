@@ -61,6 +61,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
 
 
 def test_failed_profiled_command_leaves_no_trace(runtime_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # the script runs under PyTorch's profiler
     script = tmp_path / "fails.py"
     script.write_text("raise SystemExit(3)\n")
     scratch = tmp_path / "tmp"
@@ -162,7 +163,7 @@ def test_status_fits_the_terminal_without_cutting_cells(
     monkeypatch.setenv("COLUMNS", str(width))
     print_status(status_reply())
     out = capsys.readouterr().out
-    table = [line for line in out.splitlines() if line.startswith("│")]
+    table = [line for line in out.splitlines() if re.match(r"\s*1375[78] ", line)]  # the rows
     assert len(table) == 2, out
     assert all(len(line) <= width for line in table), out
     assert "…" not in out

@@ -3,8 +3,10 @@
 One CPU core stands in for the shared GPU: both jobs are pinned to it, so they compete for
 it the way two processes compete for a GPU. Case-A serves Poisson requests of a fixed
 amount of work (its "inference"); Case-B runs "training steps" as fast as it can. The demo
-runs Case-A alone, beside Case-B without gpreempt, and beside Case-B under gpreempt, and
-reports Case-A's latency and Case-B's step rate in each.
+runs Case-A alone, Case-B alone, both without gpreempt and both under gpreempt, and reports
+Case-A's latency and Case-B's step rate in each, with their ratios to the alone runs: the
+milliseconds of a CPU stand-in move with the machine's load from run to run, the ratios
+within one run much less.
 
     python -m gpreempt.bench.cpu_demo serve --requests N --load L --out FILE
     python -m gpreempt.bench.cpu_demo train --out FILE
@@ -116,15 +118,20 @@ def _python(module_args: list[str], runtime_dir: Path, under: list[str] | None) 
     ]
 
 
+#: The scenarios, in the order they run and are shown.
+SCENARIOS = ("a-alone", "b-alone", "co-located", "gpreempt")
+
+
 def run_scenario(
     name: str, workdir: Path, runtime_dir: Path, requests: int, rate: float
 ) -> dict[str, Any]:
-    """One scenario: Case-A's latencies and Case-B's steps while Case-A ran."""
+    """One scenario: Case-A's latencies and Case-B's steps while Case-A ran (``b-alone``:
+    Case-B's steps over as long as Case-A's requests take)."""
     managed = name == "gpreempt"
     env = dict(os.environ, GPREEMPT_RUNTIME_DIR=str(runtime_dir))
     b_out = workdir / f"{name}-b.json"
     trainer = None
-    if name != "alone":
+    if name != "a-alone":
         under = ["--priority", "low", "--mechanism", MechanismName.SIGNAL, "--name", "case-b"]
         trainer = subprocess.Popen(
             _python(["train", "--out", str(b_out)], runtime_dir, under if managed else None),
@@ -139,15 +146,18 @@ def run_scenario(
     a_out = workdir / f"{name}-a.json"
     under_a = ["--priority", "high", "--name", "case-a"]
     began = time.time()
-    subprocess.run(
-        _python(
-            ["serve", "--requests", str(requests), "--rate", str(rate), "--out", str(a_out)],
-            runtime_dir,
-            under_a if managed else None,
-        ),
-        env=env,
-        check=True,
-    )
+    if name == "b-alone":
+        time.sleep(requests / rate)
+    else:
+        subprocess.run(
+            _python(
+                ["serve", "--requests", str(requests), "--rate", str(rate), "--out", str(a_out)],
+                runtime_dir,
+                under_a if managed else None,
+            ),
+            env=env,
+            check=True,
+        )
     ended = time.time()
     steps_per_s = None
     if trainer is not None:
@@ -156,16 +166,28 @@ def run_scenario(
         steps = json.loads(b_out.read_text())["steps"]
         inside = [t for t in steps if began <= t <= ended]
         steps_per_s = len(inside) / (ended - began)
-    latencies = json.loads(a_out.read_text())["latencies_ms"]
-    return {
-        "scenario": name,
-        "a_latency_ms": latency_summary(latencies),
-        "b_steps_per_s": steps_per_s,
-    }
+    summary = None
+    if name != "b-alone":
+        summary = latency_summary(json.loads(a_out.read_text())["latencies_ms"])
+    return {"scenario": name, "a_latency_ms": summary, "b_steps_per_s": steps_per_s}
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's Case-A P99 over Case-A's alone (``a_p99_ratio``) and Case-B's step rate
+    over Case-B's alone (``b_kept``), where both are measured."""
+    by_name = {row["scenario"]: row for row in rows}
+    a_alone = (by_name.get("a-alone", {}).get("a_latency_ms") or {}).get("p99")
+    b_alone = by_name.get("b-alone", {}).get("b_steps_per_s")
+    for row in rows:
+        p99 = (row.get("a_latency_ms") or {}).get("p99")
+        steps = row.get("b_steps_per_s")
+        row["a_p99_ratio"] = p99 / a_alone if p99 is not None and a_alone else None
+        row["b_kept"] = steps / b_alone if steps is not None and b_alone else None
 
 
 def run_demo(requests: int = 200, load: float = 0.5, progress: Any = None) -> dict[str, Any]:
-    """All three scenarios; returns the rows and Case-A's service time."""
+    """Every scenario (:data:`SCENARIOS`); returns the rows, with their ratios to the alone
+    runs, and Case-A's service time."""
     service = service_ms()
     rate = load / (service / 1e3)
     rows = []
@@ -177,13 +199,14 @@ def run_demo(requests: int = 200, load: float = 0.5, progress: Any = None) -> di
             stderr=subprocess.DEVNULL,
         )
         try:
-            for name in ("alone", "co-located", "gpreempt"):
+            for name in SCENARIOS:
                 if progress:
                     progress(name)
                 rows.append(run_scenario(name, workdir, runtime_dir, requests, rate))
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(30)
+    add_ratios(rows)
     return {"service_ms": service, "rate_per_s": rate, "rows": rows}
 
 

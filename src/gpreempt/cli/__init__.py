@@ -5,8 +5,8 @@ Open the module named after the command (``gpreempt status`` is :mod:`.status`);
 whose name starts with ``_`` are helpers of several commands (:mod:`._task_options`, the
 options of ``run`` and ``attach``) or of one (:mod:`._analyze_tables`). The commands parse and
 print; the work is below them: ``run`` in :mod:`gpreempt.client.launcher`, ``serve`` in
-:mod:`gpreempt.daemon`, ``bench`` and ``demo`` in :mod:`gpreempt.bench`, ``top``, ``queues``
-and ``analyze`` in :mod:`gpreempt.monitor`. :func:`main` is the entry point.
+:mod:`gpreempt.daemon` (``stop`` signals it), ``bench`` and ``demo`` in :mod:`gpreempt.bench`,
+``top``, ``queues`` and ``analyze`` in :mod:`gpreempt.monitor`. :func:`main` is the entry point.
 
 A subcommand's handler takes the parsed arguments and returns the exit code. Every command
 follows one convention (``gpreempt run`` returns its command's code once that has started):
@@ -29,7 +29,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import GpreemptError, UsageError
 
@@ -50,6 +50,7 @@ class Parser(argparse.ArgumentParser):
 SUBCOMMANDS = (
     "demo",
     "serve",
+    "stop",
     "run",
     "attach",
     "status",
@@ -91,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser, which knows its options
+        innermost(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
@@ -109,6 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+
+
+def innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The parser of the (sub)command ``args`` were parsed for: ``gpreempt analyze trace``'s
+    for ``gpreempt analyze trace --bad``."""
+    while True:
+        chosen = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None) or "")
+        if chosen is None:
+            return parser
+        parser = chosen
 
 
 def add_runtime_dir(parser: argparse.ArgumentParser) -> None:

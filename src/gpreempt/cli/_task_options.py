@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..field_checks import MAX_GPU_INDEX, MAX_GPUS, MAX_RESERVE_BYTES
 from ..messages import TaskFields
 from ..names import MechanismName
 from ..policy.share import check_min_share
@@ -77,7 +81,35 @@ def parse_gpus(value: str | None) -> tuple[int, ...]:
         raise UsageError(f"--gpu {value!r}: give GPU indexes such as 0 or 0,1") from None
     if not gpus or any(g < 0 for g in gpus):
         raise UsageError(f"--gpu {value!r}: give non-negative GPU indexes such as 0 or 0,1")
+    if len(gpus) > MAX_GPUS:
+        raise UsageError(f"--gpu {value!r}: a task uses at most {MAX_GPUS} GPUs")
+    count = gpu_count()
+    for gpu in gpus:
+        if gpu > MAX_GPU_INDEX or (count and gpu >= count and not has_gpu_node(gpu)):
+            have = f"GPUs 0-{count - 1}" if count else "no GPU"
+            raise UsageError(f"--gpu {value}: there is no GPU {gpu} on this machine ({have})")
+    if not count and any(gpus):
+        print(
+            f"gpreempt: no GPU found on this machine: --gpu {value} only groups tasks "
+            "(tasks on one index compete for it)",
+            file=sys.stderr,
+        )
     return gpus
+
+
+def gpu_count() -> int:
+    """GPUs this machine shows (NVIDIA device nodes, AMD KFD nodes); 0 if none is found."""
+    nvidia = [p for p in Path("/dev").glob("nvidia*") if p.name[6:].isdigit()]
+    amd = 0
+    for gpu_id in Path("/sys/class/kfd/kfd/topology/nodes").glob("*/gpu_id"):
+        with contextlib.suppress(OSError, ValueError):
+            amd += int(gpu_id.read_text().strip() or 0) != 0
+    return len(nvidia) + amd
+
+
+def has_gpu_node(index: int) -> bool:
+    """Whether NVIDIA's device node of GPU ``index`` exists (a container may show only some)."""
+    return Path(f"/dev/nvidia{index}").exists()
 
 
 def parse_size(value: str | None) -> int:
@@ -88,10 +120,11 @@ def parse_size(value: str | None) -> int:
     if not match:
         raise UsageError(f"bad memory size {value!r}: use e.g. 20GiB, 512MiB or 4G")
     number, prefix, binary = match.groups()
-    if not prefix:
-        return int(float(number))
     base = 1024 if binary else 1000
-    return int(float(number) * base ** _POWERS[prefix.lower()])
+    size = int(float(number) * (base ** _POWERS[prefix.lower()] if prefix else 1))
+    if size > MAX_RESERVE_BYTES:
+        raise UsageError(f"memory size {value!r} is more than any GPU has (at most 1 PiB)")
+    return size
 
 
 def task_fields(args: argparse.Namespace, **extra: Any) -> TaskFields:

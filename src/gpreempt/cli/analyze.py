@@ -1,14 +1,17 @@
-"""``gpreempt analyze``: what queues and kernels a workload uses, from logs or traces.
+"""``gpreempt analyze``: the queues and kernels a workload uses, from logs or traces.
 
-* ``gpreempt analyze amd-log FILE [FILE...]``: HIP runtime logs (``AMD_LOG_LEVEL=3..5``),
-  plain or gzip, any size; two or more files are compared side by side (Case-A vs Case-B).
-* ``gpreempt analyze trace -- script.py ARGS``: run a PyTorch script under torch.profiler and
-  report per CUDA/HIP stream; ``--trace FILE`` (repeatable) analyses saved Chrome traces.
+* ``gpreempt analyze amd-log FILE [FILE...]``: HIP runtime logs
+  (``AMD_LOG_LEVEL=3..5``), plain or gzip, any size; two or more files are
+  compared side by side (Case-A vs Case-B).
+* ``gpreempt analyze trace -- SCRIPT.py ARGS``: run a PyTorch script under
+  torch.profiler and report per CUDA/HIP stream; ``--trace FILE`` (repeatable)
+  analyses saved Chrome traces.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import GpreemptError, UsageError
+from ..errors import GpreemptError, MechanismUnavailable, UsageError
+from ..monitor.trace_wrapper import EXIT_NO_TORCH
 from ._analyze_tables import print_amd_log_tables, print_trace_tables
 
 
@@ -55,7 +59,7 @@ def register(subparsers: Any) -> None:
         "trace",
         help="per-stream kernel analysis of a PyTorch workload (torch.profiler)",
         description=(
-            "Run a PyTorch script under torch.profiler (`gpreempt analyze trace -- script.py "
+            "Run a PyTorch script under torch.profiler (`gpreempt analyze trace -- SCRIPT.py "
             "ARGS`) or read saved Chrome traces (`--trace A.json --trace B.json`), and report "
             "per stream: kernels, distinct kernels, busy time, gaps between kernels, top "
             "kernels. Several traces are compared side by side (Case-A, Case-B, ...)."
@@ -71,18 +75,18 @@ def register(subparsers: Any) -> None:
     tr.add_argument("--json", action="store_true", help="print JSON instead of tables")
     tr.add_argument("--top", type=int, default=10, help="kernels to list (default 10)")
     tr.add_argument(
-        "--out", metavar="FILE", help="where to keep the trace of CMD (default: a temp file)"
+        "--out", metavar="FILE", help="where to keep the script's trace (default: a temp file)"
     )
     tr.add_argument(
-        "--duration", type=float, default=10.0, help="seconds of CMD to profile (default 10)"
+        "--duration", type=float, default=10.0, help="seconds of the script to profile (default 10)"
     )
     tr.add_argument(
-        "--warmup", type=float, default=0.0, help="seconds of CMD to skip before profiling"
+        "--warmup", type=float, default=0.0, help="seconds of the script to skip before profiling"
     )
     tr.add_argument(
         "command",
         nargs=argparse.REMAINDER,
-        metavar="-- CMD",
+        metavar="-- SCRIPT.py ARGS",
         help="a Python script and its arguments (`python` in front is optional; `-m mod` works)",
     )
     tr.set_defaults(func=run_trace, prog=tr.prog)
@@ -145,7 +149,7 @@ def run_trace(args: argparse.Namespace) -> int:
     paths.extend(args.trace)
     if not paths:
         raise UsageError(
-            "nothing to analyse: give `-- script.py ARGS` to profile a workload, or "
+            "nothing to analyse: give `-- SCRIPT.py ARGS` to profile a workload, or "
             "`--trace FILE` for a saved Chrome trace"
         )
     summaries = [trace.summarize(p) for p in paths]
@@ -175,7 +179,7 @@ def trace_wrapper_argv(command: list[str], out: str, duration: float, warmup: fl
     if script[0] != "-m" and not script[0].endswith(".py") and not Path(script[0]).is_file():
         raise UsageError(
             f"{script[0]!r} is not a Python script; `analyze trace` runs Python workloads "
-            "(`-- script.py ARGS` or `-- -m package.module ARGS`)"
+            "(`-- SCRIPT.py ARGS` or `-- -m package.module ARGS`)"
         )
     return [
         sys.executable,
@@ -196,11 +200,18 @@ def _profile_command(command: list[str], args: argparse.Namespace) -> str:
     script = argv[argv.index("--") + 1]
     if script != "-m" and not Path(script).is_file():
         raise UsageError(f"no such script: {script!r}")
+    if importlib.util.find_spec("torch") is None:
+        raise MechanismUnavailable(
+            "`analyze trace` profiles with PyTorch's profiler, and PyTorch is not installed "
+            f"for {sys.executable}: install it (README, Quick start) or give --trace FILE"
+        )
     scratch = None if args.out else tempfile.mkdtemp(prefix="gpreempt-trace-")
     out = args.out or os.path.join(scratch, "trace.json")
     argv[3] = out  # [python, -m, trace_wrapper, OUT, ...]
     print(f"profiling: {' '.join(command)}  (up to {args.duration:g} s)", file=sys.stderr)
     rc = subprocess.call(argv)
+    if rc == EXIT_NO_TORCH:
+        raise MechanismUnavailable("PyTorch could not be imported: nothing was profiled")
     if rc != 0 or not os.path.exists(out):
         if scratch is not None:  # a trace of a failed run is not worth its space in /tmp
             shutil.rmtree(scratch, ignore_errors=True)

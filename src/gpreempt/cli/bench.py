@@ -6,52 +6,63 @@ import argparse
 import datetime
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import MechanismUnavailable, UsageError
 
 EPILOG = """\
 scenarios (a-alone and b-alone are always measured, every ratio needs them):
   a-alone          Case-A alone (reference for the P99 ratio)
   b-alone          Case-B alone (reference for B kept)
-  sequential       Case-A then Case-B, no sharing (derived from a-alone and b-alone)
+  sequential       Case-A then Case-B, no sharing (from a-alone and b-alone)
   time-sliced      separate processes, default time slicing
-  stream-priority  one process: Case-A on a high-priority stream, Case-B in a thread
+  stream-priority  one process: Case-A on a high-priority stream, Case-B in
+                   a thread
   mps              separate processes under a private MPS daemon
   mps-priority     MPS with CUDA_MPS_CLIENT_PRIORITY=1 for Case-B
-  gpreempt         a private `gpreempt serve`; Case-B `gpreempt run --priority low`,
-                   Case-A `gpreempt run --priority high`: the defaults, nothing else set
+  gpreempt         a private `gpreempt serve`; Case-B `gpreempt run
+                   --priority low`, Case-A `gpreempt run --priority high`:
+                   the defaults, nothing else set
   gpreempt-no-request
                    the same, but Case-A never calls gpreempt.request()
   gpreempt-signal, gpreempt-lock, gpreempt-gate
                    as gpreempt, Case-B forced to `--mechanism M`
-  a-alone-after    Case-A alone again, last: how far its own latency drifted during the run
-                   (measured whenever a scenario shares the GPU)
+  a-alone-after    Case-A alone again, last: how far its own latency drifted
+                   during the run (measured whenever a scenario shares the GPU)
 
-opt-in scenarios (not in the default list, so that --quick keeps to about 8 minutes; name
-them in --scenarios, or use --scenarios all):
-  gpreempt-timeslice   `gpreempt serve --policy timeslice` (default slices: 80 ms high, 20 ms
-                       low)
-  gpreempt-share       `gpreempt serve --policy share`; Case-B also --min-share 0.2
-  gpreempt-scheduler   one process, no daemon: gpreempt.GPUScheduler with Case-B's steps as a
-                       low task and Case-A's requests as a high task (request() per request)
-  memory-pressure      Case-B holds a ballast so little memory is free; Case-A (`gpreempt run
-                       --reserve-memory`) grows its working set beyond it mid-window; the
-                       daemon evicts Case-B to the host and restores it after
+opt-in scenarios (not in the default list, so that --quick keeps to about 8
+minutes; name them in --scenarios, or use --scenarios all):
+  gpreempt-timeslice   `gpreempt serve --policy timeslice` (default slices:
+                       80 ms high, 20 ms low)
+  gpreempt-share       `gpreempt serve --policy share`; Case-B also
+                       --min-share 0.2
+  gpreempt-scheduler   one process, no daemon: gpreempt.GPUScheduler with
+                       Case-B's steps as a low task and Case-A's requests as
+                       a high task (request() per request)
+  memory-pressure      Case-B holds a ballast so little memory is free;
+                       Case-A (`gpreempt run --reserve-memory`) grows its
+                       working set beyond it mid-window; the daemon evicts
+                       Case-B to the host and restores it after
   memory-pressure-baseline
-                       the same without gpreempt: Case-A's growth runs out of memory
+                       the same without gpreempt: Case-A's growth runs out
+                       of memory
 
-outputs (in the run's directory): results.json, report.md, latency_cdf.png/.json,
-timeline.png/.json, and runs/r<k>/<scenario>/ with every process's log and raw data.
+outputs (in the run's directory): results.json, report.md,
+latency_cdf.png/.json, timeline.png/.json, and runs/r<k>/<scenario>/ with
+every process's log and raw data.
 
 examples:
   gpreempt bench --quick
   gpreempt bench --bg 3 --case-a heavy --repeats 3 --out runs/heavy-3
-  gpreempt bench --scenarios gpreempt,gpreempt-no-request --case-b transformer-sync
+  gpreempt bench --scenarios gpreempt,gpreempt-no-request \\
+      --case-b transformer-sync
   gpreempt bench --scenarios gpreempt,gpreempt-lock --case-b cupy
-  gpreempt bench --scenarios time-sliced,gpreempt --case-b-cmd "python train.py"
-  gpreempt bench --quick --scenarios gpreempt-timeslice,gpreempt-share,gpreempt-scheduler
-  gpreempt bench --quick --scenarios memory-pressure,memory-pressure-baseline --growth-gib 40
+  gpreempt bench --scenarios time-sliced,gpreempt --case-b-cmd "python t.py"
+  gpreempt bench --quick \\
+      --scenarios gpreempt-timeslice,gpreempt-share,gpreempt-scheduler
+  gpreempt bench --quick --growth-gib 40 \\
+      --scenarios memory-pressure,memory-pressure-baseline
 """
 
 
@@ -61,11 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="measure Case-A latency and Case-B throughput under every alternative",
-        description=(
+        description=textwrap.fill(
             "Run Case-A (latency-critical inference, high priority) beside Case-B (best-effort "
             "training, low priority) on GPU 0 under every way of sharing a GPU, on the same "
             "open-loop Poisson arrivals, and report Case-A's latency (P99 ratio against "
-            "Case-A alone), Case-B's throughput kept, preemption latency and GPU utilisation."
+            "Case-A alone), Case-B's throughput kept, preemption latency and GPU utilisation.",
+            width=78,
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,8 +107,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--case-b",
         choices=CASE_B_KINDS,
+        metavar="KIND",
         default="transformer",
-        help="built-in Case-B: an eager Transformer encoder training loop; -sync reads its loss "
+        help=f"built-in Case-B, one of {', '.join(CASE_B_KINDS)}: transformer is an eager "
+        "Transformer encoder training loop; -sync reads its loss "
         "every step (loss.item()), -compiled runs it under torch.compile; cupy is a CuPy GEMM "
         "loop with no PyTorch (default transformer)",
     )
@@ -151,7 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-nvml", action="store_true", help="do not sample GPU utilisation with NVML"
     )
     memory = parser.add_argument_group(
-        "memory-pressure scenarios (defaults from GPU 0's free memory F before the scenarios)"
+        "memory-pressure scenarios (F: GPU 0's free memory before the scenarios)"
     )
     memory.add_argument(
         "--ballast-gib",
@@ -220,16 +234,8 @@ def _out_dir(value: str | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench.device import gpu_present
-
-    if not gpu_present():
-        print(
-            "gpreempt bench: no NVIDIA GPU found (`nvidia-smi -L` lists none). The benchmark "
-            "measures GPU sharing and needs one; run it on a GPU machine.",
-            file=sys.stderr,
-        )
-        return 2
     from ..bench.builtin_workloads import CASE_A_BATCH
+    from ..bench.device import gpu_present
     from ..bench.runner import BenchConfig, run_bench
     from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
     from ..bench.workload_argv import Workloads
@@ -245,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--scenarios is empty: name at least one scenario")
     if args.case_b_fn and args.case_b_cmd:
         raise UsageError("give --case-b-fn or --case-b-cmd, not both")
+    if not gpu_present():  # after the options are checked: bad input is said first
+        raise MechanismUnavailable(
+            "no NVIDIA GPU found (`nvidia-smi -L` lists none): the benchmark measures GPU "
+            "sharing and needs one; run it on a GPU machine (`gpreempt demo` runs anywhere)"
+        )
     warmup = args.warmup_s if args.warmup_s is not None else (1.0 if args.quick else 2.0)
     requests = args.requests or (500 if args.quick else 1000)
     workloads = Workloads(

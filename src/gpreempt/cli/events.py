@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -57,11 +58,13 @@ def run(args: argparse.Namespace) -> int:
     path = resolve_runtime_dir(args.runtime_dir) / EVENTS_NAME
     if args.last < 0:
         raise UsageError("--last must be >= 0")
-    if not path.exists() and not args.follow:
+    if not path.exists() and (not args.follow or not path.parent.is_dir()):
         raise DaemonUnavailable(
             f"no event log at {path}: no daemon has run with this runtime directory; start "
             "one with `gpreempt serve`, or give its --runtime-dir"
         )
+    if not path.exists():  # --follow in a directory a daemon will use: wait, and say so
+        print(f"no events yet at {path}: waiting for a daemon (Ctrl-C stops)", file=sys.stderr)
 
     def show(record: dict[str, Any]) -> None:
         print(json.dumps(record) if args.json else format_event(record), flush=True)

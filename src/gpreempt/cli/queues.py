@@ -1,10 +1,11 @@
-"""``gpreempt queues``: what runs on the GPUs now, per process and per hardware queue.
+"""``gpreempt queues``: what runs on the GPUs now, per process and hardware queue.
 
-NVIDIA: compute processes per GPU from NVML (pid, name, memory, SM utilisation), joined with
-the daemon's registry (task, priority, state). AMD: each process's queues from
-``/sys/kernel/debug/kfd/mqds`` and the active hardware queue slots per pipe from ``hqds``
-(root only; ``--mqds FILE --hqds FILE`` read saved copies). A source that cannot be read is
-named with the reason, never silently skipped.
+NVIDIA: compute processes per GPU from NVML (pid, name, memory, SM
+utilisation), joined with the daemon's registry (task, priority, state).
+AMD: each process's queues from ``/sys/kernel/debug/kfd/mqds`` and the active
+hardware queue slots per pipe from ``hqds`` (root only; ``--mqds FILE --hqds
+FILE`` read saved copies). A source that cannot be read is named with the
+reason, never silently skipped. A machine without a GPU says so.
 """
 
 from __future__ import annotations
@@ -48,9 +49,17 @@ def run(args: argparse.Namespace) -> int:
     if vendor == "auto" and (args.mqds or args.hqds):
         vendor = "amd"
     doc: dict[str, Any] = {}
-    if vendor in ("auto", "nvidia"):
+    found = gpus_found() if vendor == "auto" else {"nvidia", "amd"}
+    if not found:
+        reason = "no GPU on this machine (no /dev/nvidia*, no /dev/kfd): nothing runs on one"
+        if args.json:
+            print(json.dumps({"nvidia": None, "amd": None, "reason": reason}, indent=2))
+        else:
+            print(reason)
+        return 0
+    if vendor in ("auto", "nvidia") and "nvidia" in found:
         doc["nvidia"] = nvidia_view(args.runtime_dir, args.pid)
-    if vendor in ("auto", "amd"):
+    if vendor in ("auto", "amd") and "amd" in found:
         doc["amd"] = amd_view(args.mqds, args.hqds, args.pid, args.all_hqds)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
@@ -58,6 +67,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(doc)
     return 0
+
+
+def gpus_found(dev: Path = Path("/dev")) -> set[str]:
+    """The GPU vendors whose device nodes this machine has: with none, neither NVML nor
+    debugfs has anything to tell (and their hints would mislead)."""
+    found = set()
+    if any(p.name[6:].isdigit() for p in dev.glob("nvidia*")):
+        found.add("nvidia")
+    if (dev / "kfd").exists():
+        found.add("amd")
+    return found
 
 
 def nvidia_view(

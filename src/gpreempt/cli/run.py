@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--policy",
         choices=sorted(POLICIES),
-        help="policy for a daemon this command starts (ignored if one already runs)",
+        help="policy for a daemon this command starts (one already running keeps its own, "
+        "with a warning)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
     parser.set_defaults(func=run)

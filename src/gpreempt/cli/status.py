@@ -52,8 +52,9 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
         f"daemon pid {daemon['pid']}, policy {daemon['policy']}"
         + (f" (peers take {daemon['turn_ms']:g} ms turns)" if daemon.get("turn_ms") else "")
         + f", {escape(str(daemon['runtime_dir']))}"
-        + ("" if daemon.get("lock_available") else "  (driver lock unavailable: signal/gate only)")
     )
+    if not daemon.get("lock_available"):
+        console.print("(driver lock unavailable: signal/gate only)")
     failed = (daemon.get("event_write_failures") or 0) + (daemon.get("state_write_failures") or 0)
     if failed:
         console.print(
@@ -69,7 +70,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
     columns = [
         Column("pid", "right"),
         Column("name"),
-        Column("priority", rank=2),
+        Column("prio", rank=2),
         Column("state"),
         Column("active", rank=4),
         Column("mechanism", rank=5),
@@ -88,9 +89,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
             if gpu not in task["gpus"]:
                 continue
             last = task["last_suspend_ms"]
-            mechanism = task["mechanism"]
-            if task["last_mechanism"] and task["last_mechanism"] != mechanism:
-                mechanism += f" ({task['last_mechanism']})"
+            mechanism = mechanism_label(task)
             extra = [str(task.get("turns") or 0)] if turns else []
             if evictions:
                 moved = task.get("evicted_bytes") or 0
@@ -109,9 +108,18 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
                     *extra,
                 ]
             )
-        console.print(fit_table(columns, rows, console.width, title=f"GPU {gpu}"))
-    for line in unprotected_lines(tasks):
+        console.print(fit_table(columns, rows, console.width, title=f"GPU {gpu}", gap=1))
+    for line in unprotected_lines(tasks) + never_active_lines(tasks):
         console.print(line)
+
+
+def mechanism_label(task: dict[str, Any]) -> str:
+    """The mechanism as the table shows it: the one that last suspended the task for ``auto``
+    (``gate``), both where it differs from a forced one (``lock (signal)``)."""
+    mechanism, last = task["mechanism"], task.get("last_mechanism")
+    if not last or last == mechanism:
+        return mechanism
+    return last if mechanism == "auto" else f"{mechanism} ({last})"
 
 
 def job_note(task: dict[str, Any]) -> str:
@@ -150,3 +158,33 @@ def unprotected_lines(tasks: list[dict[str, Any]]) -> list[str]:
         for t in tasks
         if t.get("state") == "unprotected"
     ]
+
+
+def never_active(task: dict[str, Any]) -> bool:
+    """Whether a task has never counted as active: not ``--always-active``, not active now,
+    and neither a GPU launch nor a ``request()`` seen in it (a program without PyTorch or
+    the in-process client shows neither)."""
+    if task.get("always_active") or task.get("active"):
+        return False
+    gate = task.get("gate") or {}
+    return not gate.get("launches") and not gate.get("requests")
+
+
+def never_active_lines(tasks: list[dict[str, Any]]) -> list[str]:
+    """One line per task that never counted as active while a less important task shares
+    one of its GPUs: it suspends nobody until it does, and the line says how it would."""
+    from rich.markup import escape
+
+    lines = []
+    for task in tasks:
+        below = [
+            t
+            for t in tasks
+            if t["priority"] < task["priority"] and set(t["gpus"]) & set(task["gpus"])
+        ]
+        if below and never_active(task):
+            lines.append(
+                f"[yellow]{escape(task['name'])}[/]: never active: no GPU launch seen; "
+                "mark requests or --always-active"
+            )
+    return lines

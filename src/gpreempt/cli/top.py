@@ -1,9 +1,10 @@
 """``gpreempt top``: a live view of GPUs, tasks, priorities, states and preemptions.
 
-GPU utilisation and memory come from NVML, tasks from the daemon's status. ``--once``
-prints one frame and exits (for scripts and logs): 0 if a daemon answered, 1 if none did.
-Tables fit the terminal's width (``$COLUMNS`` when not on a terminal): on narrow ones the
-least important columns are left out.
+GPU utilisation and memory come from NVML, tasks from the daemon's status.
+``--once`` prints one frame and exits (for scripts and logs): 0 if a daemon
+answered, 1 if none did. Without a terminal, frames follow each other.
+Tables fit the terminal's width (``$COLUMNS`` when not on a terminal): on
+narrow ones the least important columns are left out.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def build_frame(
 
     from ..monitor.textfmt import Column, fit_table, num, pid, short, size
     from ..nvml import NA
-    from .status import styled_state, unprotected_lines
+    from .status import never_active_lines, styled_state, unprotected_lines
 
     parts: list[Any] = []
     stamp = time.strftime("%H:%M:%S", time.localtime(now if now is not None else time.time()))
@@ -122,7 +123,8 @@ def build_frame(
         ]
         if ordered:
             parts.append(fit_table(columns, rows, width, title="tasks"))
-            parts.extend(Text.from_markup(line) for line in unprotected_lines(ordered))
+            notes = unprotected_lines(ordered) + never_active_lines(ordered)
+            parts.extend(Text.from_markup(line) for line in notes)
         else:
             parts.append(Text("no registered tasks"))
     return Group(*parts)
@@ -154,9 +156,16 @@ def run(args: argparse.Namespace) -> int:
             frame, answered = _frame(args.runtime_dir, nv, con.width)
             con.print(frame)
             return EXIT_OK if answered else EXIT_FAILURE
+        frame, _ = _frame(args.runtime_dir, nv, con.width)
+        if not con.is_terminal:  # a pipe or a log: one frame after another, as they come
+            while True:
+                con.print(frame)
+                con.print()
+                con.file.flush()
+                time.sleep(args.interval)
+                frame = _frame(args.runtime_dir, nv, con.width)[0]
         from rich.live import Live
 
-        frame, _ = _frame(args.runtime_dir, nv, con.width)
         with Live(frame, console=con, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)

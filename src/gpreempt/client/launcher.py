@@ -16,6 +16,7 @@ stopped or unmanaged by surprise: the launcher resumes it, says so, and runs it 
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -44,17 +45,29 @@ DAEMON_START_TIMEOUT_S = 10.0
 #: How long a request may wait for the daemon's answer ($GPREEMPT_DAEMON_TIMEOUT_S).
 ENV_DAEMON_TIMEOUT = "GPREEMPT_DAEMON_TIMEOUT_S"
 DEFAULT_DAEMON_TIMEOUT_S = 10.0
+#: How long the launcher waits for the daemon to note how its command ended.
+EXIT_REPORT_TIMEOUT_S = 2.0
 #: How often a launcher whose daemon vanished looks for a new one.
 RECONNECT_PERIOD_S = 1.0
 
-#: Run by the child before the command: wait for the launcher's go, then become the command.
+#: Run by the child before the command: take the command's name (what the daemon reads from
+#: /proc when the task registers, so that `status` shows `sleep`, not `python3`), say so,
+#: wait for the launcher's go, then become the command.
 _WAIT_THEN_EXEC = (
     "import os, sys\n"
-    "fd = int(sys.argv[1])\n"
-    "os.read(fd, 1)\n"
-    "os.close(fd)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "go, ready = int(sys.argv[1]), int(sys.argv[2])\n"
+    "try:\n"
+    "    with open('/proc/self/comm', 'w') as f:\n"
+    "        f.write(os.path.basename(sys.argv[3])[:15] or sys.argv[3][:15])\n"
+    "except (OSError, ValueError):\n"
+    "    pass\n"
+    "os.close(ready)\n"
+    "os.read(go, 1)\n"
+    "os.close(go)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )
+#: How long the launcher waits for the child to take its command's name before registering.
+NAMED_TIMEOUT_S = 10.0
 
 AGENT_SITE = Path(__file__).resolve().parent / "_agent_site"
 #: The directory that holds the ``gpreempt`` package (``src/`` of a checkout).
@@ -75,7 +88,7 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
     """A connection to the runtime directory's daemon, starting one in the background if needed."""
     timeout = daemon_timeout()
     try:
-        return DaemonClient.connect(runtime_dir, timeout=timeout)
+        return check_policy(DaemonClient.connect(runtime_dir, timeout=timeout), policy)
     except DaemonUnavailable:
         pass
     ensure_private_dir(runtime_dir)
@@ -102,7 +115,7 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
     while time.monotonic() < deadline:
         if process.poll() is not None:
             try:  # another launcher may have won the race to start one
-                return DaemonClient.connect(runtime_dir, timeout=timeout)
+                return check_policy(DaemonClient.connect(runtime_dir, timeout=timeout), policy)
             except DaemonUnavailable:
                 raise DaemonUnavailable(
                     f"the daemon could not start (exit code {process.returncode}); "
@@ -113,12 +126,24 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
         except DaemonUnavailable:
             time.sleep(0.05)
             continue
-        say(f"started a daemon in the background (pid {process.pid}, {runtime_dir})")
+        say(f"started a daemon (pid {process.pid}, {runtime_dir}); `gpreempt stop` stops it")
         return client
     raise DaemonUnavailable(
         f"the daemon started but did not answer within {DAEMON_START_TIMEOUT_S:.0f} s; "
         f"see {runtime_dir / DAEMON_LOG_NAME}"
     )
+
+
+def check_policy(client: DaemonClient, policy: str | None) -> DaemonClient:
+    """``client``, after one line on stderr if its daemon runs another policy than the one
+    asked for: ``--policy`` applies only to a daemon that ``run`` starts."""
+    running = client.ping().get("policy") if policy else None
+    if running and running != policy:
+        say(
+            f"the daemon already running uses policy {running}, not {policy}: "
+            f"to change it, stop it (`gpreempt stop`) and run again"
+        )
+    return client
 
 
 def _env_with_package(env: dict[str, str]) -> dict[str, str]:
@@ -171,17 +196,29 @@ class Launcher:
             raise UsageError(f"command not found or not executable: {self.command[0]}")
         self.client = connect_or_start_daemon(self.runtime_dir, self.policy)
         go_r, go_w = os.pipe()
+        ready_r, ready_w = os.pipe()
         try:
             # The command waits (in a minimal Python, before exec) until it is registered, so
             # that it never runs unseen by the daemon; the pid stays the same across exec.
+            wrapper = [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), str(ready_w)]
             self.process = subprocess.Popen(
-                [sys.executable, "-S", "-E", "-c", _WAIT_THEN_EXEC, str(go_r), *self.command],
+                [*wrapper, *self.command],
                 env=child_environment(self.runtime_dir, self.spec),
                 start_new_session=True,  # never orphaned while stopped (module docstring)
-                pass_fds=(go_r,),
+                pass_fds=(go_r, ready_w),
             )
+        except BaseException:
+            os.close(ready_r)
+            os.close(go_w)
+            raise
         finally:
             os.close(go_r)
+            os.close(ready_w)
+        try:
+            # registered under its command's name: wait until the child has taken it
+            select.select([ready_r], [], [], NAMED_TIMEOUT_S)
+        finally:
+            os.close(ready_r)
         if kind(self.spec.mechanism).unmaps_queues:  # KFD answers the ptrace parent: trace it
             from ..tracer import traced
 
@@ -259,10 +296,30 @@ class Launcher:
             os.close(pidfd)
             os.close(wake_r)
             os.close(wake_w)
+        if self.client is not None:
+            self._report_exit()
         code = self.process.wait()
         if self.client is not None:
             self.client.close()
         return 128 - code if code < 0 else code
+
+    def _report_exit(self) -> None:
+        """Tell the daemon how the command ended ("its command exited (code N)"), read before
+        reaping it so that its pid still names it; a daemon that does not answer at once ends
+        the task when the connection closes."""
+        assert self.process is not None and self.client is not None
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        try:
+            self.client.connection.sock.settimeout(EXIT_REPORT_TIMEOUT_S)
+            self.client.request("detach", target=str(self.process.pid), exit_status=status)
+        except (GpreemptError, OSError):
+            pass
 
     def _daemon_alive(self) -> bool:
         assert self.client is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -267,7 +268,7 @@ class Handlers:
                 "try again later"
             )
         described = task.describe(time.monotonic())
-        self.host.end_task(task, f"detached by uid {peer.uid}")
+        self.host.end_task(task, detach_reason(peer, task, message.get("exit_status")))
         for other in self.host.peers.values():
             other.owned_tasks.discard(task.task_id)
         self.host.reconcile()
@@ -284,3 +285,17 @@ class Handlers:
             return {"task": task.describe(time.monotonic()), "pending": True}
         self.host.reconcile()
         return {"task": task.describe(time.monotonic()), "pending": False}
+
+
+def detach_reason(peer: Peer, task: Task, exit_status: Any) -> str:
+    """Why a task ends on ``detach``: its launcher says how its command ended (a code, or
+    minus the signal that killed it, as ``gpreempt run`` reads it before reaping it)."""
+    if task.owner != peer.conn_id or isinstance(exit_status, bool):
+        return f"detached by uid {peer.uid}"
+    if isinstance(exit_status, int) and 0 <= exit_status <= 255:
+        return f"its command exited (code {exit_status})"
+    if isinstance(exit_status, int) and -64 <= exit_status < 0:
+        with contextlib.suppress(ValueError):
+            return f"its command was killed by {signal.Signals(-exit_status).name}"
+        return f"its command was killed by signal {-exit_status}"
+    return f"detached by uid {peer.uid}"

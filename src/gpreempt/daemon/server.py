@@ -112,10 +112,10 @@ class Daemon:
         self.limits.shared = shared
         #: Which process groups hold only their owner's processes, this scheduling pass.
         self.census = GroupCensus()
-        self._protected: frozenset[int] = frozenset({1, os.getpid()})
         self.claim = RuntimeClaim(runtime_dir, shared)
+        # the pids never to stop are read when used: the daemon's ancestors exit
         self.registrar = Registrar(
-            self.registry, self.limits, lambda: self.mechanisms, lambda: self._protected
+            self.registry, self.limits, lambda: self.mechanisms, protected_pids
         )
         self.executor = Executor(self)
         self.reconciler = Reconciler(self, built.decide, settings)
@@ -139,7 +139,6 @@ class Daemon:
         if self.shared and os.getuid() != 0:
             raise UsageError("--shared serves every user and needs root")
         self.limits.size_for_fd_limit(bounds.raise_fd_limit())
-        self._protected = protected_pids()
         self.claim.take_lock()
         if self.metrics_port is not None:
             self._start_metrics()

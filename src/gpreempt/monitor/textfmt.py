@@ -71,11 +71,17 @@ class Column:
 
 
 def fit_table(
-    columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, title: str = ""
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    title: str = "",
+    gap: int = 0,
 ) -> Any:
     """A rich Table of ``rows`` (cells as rich markup) no wider than ``width``: columns of the
     highest rank are dropped, one at a time, until the rest fit, so that what remains is
-    shown whole instead of cut to "…". Columns of rank 0 are always kept."""
+    shown whole instead of cut to "…". Columns of rank 0 are always kept. ``gap``: 0 draws
+    a box; more, no box, ``gap`` spaces between columns and the headers underlined (the
+    narrowest table, for the columns that must fit 80)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -86,6 +92,8 @@ def fit_table(
     keep = list(range(len(columns)))
 
     def total() -> int:  # a box table: one border per column plus one, a space each side
+        if gap:
+            return sum(widths[i] for i in keep) + gap * (len(keep) - 1)
         return sum(widths[i] + 3 for i in keep) + 1
 
     for rank in sorted({c.rank for c in columns if c.rank > 0}, reverse=True):
@@ -94,6 +102,16 @@ def fit_table(
                 break
             keep.remove(i)
     table = Table(title=title or None, title_justify="left", expand=False)
+    if gap:
+        table = Table(
+            title=title or None,
+            title_justify="left",
+            expand=False,
+            box=None,
+            padding=(0, gap, 0, 0),
+            pad_edge=False,
+            header_style="bold underline",
+        )
     for i in keep:
         table.add_column(columns[i].header, justify=columns[i].justify, no_wrap=True)  # type: ignore[arg-type]
     for row in rows:

@@ -12,7 +12,8 @@ starts after ``--warmup`` seconds and stops after ``--duration`` seconds or when
 ends, whichever comes first; a script still running then is interrupted (KeyboardInterrupt)
 and the trace is written anyway. Bounded time keeps traces of endless training loops small.
 
-Only this process's GPU work is traced; child processes the script starts are not.
+Only this process's GPU work is traced; child processes the script starts are not. Without
+PyTorch it exits with :data:`EXIT_NO_TORCH` before running the script.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+
+#: The exit code when PyTorch cannot be imported (the script never ran).
+EXIT_NO_TORCH = 4
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -47,8 +51,16 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = _parse(sys.argv[1:] if argv is None else argv)
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as exc:
+        print(
+            f"trace_wrapper: the profiler is PyTorch's and it cannot be imported ({exc}); "
+            "the script did not run",
+            file=sys.stderr,
+        )
+        return EXIT_NO_TORCH
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
