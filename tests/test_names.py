@@ -31,6 +31,8 @@ HOMONYMS: dict[tuple[str, str], str] = {
     ("gpreempt.cli.queues", "auto"): "--vendor auto: whichever GPU vendor is present",
     ("gpreempt.daemon.registry", "gate"): "the status field that describes the task's gate",
     ("gpreempt.cli.top", "gate"): "that status field, read",
+    ("gpreempt.cli.status", "gate"): "that status field, read",
+    ("gpreempt.cli.queues", "kfd"): "/dev/kfd, the AMD GPU device node",
     ("gpreempt.bench.workloads", "gate"): "a workload's field of gate counters",
     ("gpreempt.client.gate.build", "lock"): "the build directory's lock file",
     ("gpreempt.client.launcher", "signal"): "the selector key of the launcher's signal pipe",

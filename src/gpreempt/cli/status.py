@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ..client.connection import DaemonClient
+from ..names import MechanismName
 from . import add_runtime_dir
 
 
@@ -119,7 +120,7 @@ def mechanism_label(task: dict[str, Any]) -> str:
     mechanism, last = task["mechanism"], task.get("last_mechanism")
     if not last or last == mechanism:
         return mechanism
-    return last if mechanism == "auto" else f"{mechanism} ({last})"
+    return last if mechanism == MechanismName.AUTO else f"{mechanism} ({last})"
 
 
 def job_note(task: dict[str, Any]) -> str:
