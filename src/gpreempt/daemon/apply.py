@@ -167,6 +167,9 @@ class Executor:
             except GpreemptError as fallback:
                 return self._suspend_failed(task, "signal", fallback, now)
         latency_ms = (time.perf_counter() - start) * 1e3
+        degraded = mechanism.take_degradation(target)
+        if degraded is not None:
+            self._degraded(task, used, degraded)
         turn = reason == "turn"
         stopped = TaskState.WAITING_TURN if turn else TaskState.SUSPENDED
         change_state(task, stopped, now=time.monotonic(), mechanism=used)
@@ -203,6 +206,18 @@ class Executor:
         self.host.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
         self.host.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
+
+    def _degraded(self, task: Task, used: str, reason: str) -> None:
+        """Record that ``task``'s mechanism held less than it promises (kfd that suspended
+        none of the task's queues, say) and ``used`` held it instead: an event, the task's
+        counter, and a failure of its mechanism in the metrics."""
+        task.degradations += 1
+        self.host.events.write(
+            "degraded", **task.event_fields(), mechanism=task.mechanism, used=used, reason=reason
+        )
+        self.host.log(f"{task.name} (pid {task.pid}): {reason}")
+        if self.host.metrics is not None:
+            self.host.metrics.on_suspend_failed(task.gpu, task.name, task.mechanism)
 
     def resume(self, task: Task, reason: str) -> bool:
         """Resume ``task`` with the mechanism that suspended it; returns whether it did."""
