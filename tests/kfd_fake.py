@@ -103,7 +103,8 @@ class FakeKfd:
     # --- what tests read -------------------------------------------------------------------
     @property
     def suspended(self) -> set[int]:
-        return {q.queue_id for p in self.processes.values() for q in p.queues.values() if q.suspended}
+        procs = self.processes.values()
+        return {q.queue_id for p in procs for q in p.queues.values() if q.suspended}
 
     def process(self, pid: int) -> Process:
         return self.processes[pid]

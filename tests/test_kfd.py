@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from gpreempt.errors import MechanismFailed, MechanismUnavailable
 from gpreempt.mechanisms import kfd, kfd_abi, kfd_session
 from gpreempt.mechanisms.base import Target
 from gpreempt.tracer import TracedProcess
+
 
 @pytest.fixture
 def fake(tmp_path) -> FakeKfd:
