@@ -162,6 +162,12 @@ class TracedProcess:
             return 0
         return self.call(lambda: self._session().resume())
 
+    def held_queues(self) -> int:
+        """How many of the command's queues are suspended now."""
+        if self._exited.is_set():
+            return 0
+        return self.call(lambda: len(self._session().suspended))
+
     def _session(self) -> KfdSession:
         assert self.session is not None
         return self.session
@@ -314,6 +320,8 @@ class TracedProcess:
                 }
             elif op == "resume":
                 reply = {"ok": True, "queues": self.resume_queues()}
+            elif op == "held":  # how many queues are suspended now (gpreempt selftest)
+                reply = {"ok": True, "suspended": self.held_queues()}
             else:
                 reply = {"ok": False, "error": f"unknown request {op!r}"}
         except GpreemptError as exc:
