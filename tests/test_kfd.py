@@ -5,129 +5,22 @@ puts on its command, and the command's signals and exit status under that tracer
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import gpreempt
+from kfd_fake import FakeKfd
 
 from gpreempt.errors import MechanismFailed, MechanismUnavailable
 from gpreempt.mechanisms import kfd, kfd_abi, kfd_session
 from gpreempt.mechanisms.base import Target
 from gpreempt.tracer import TracedProcess
-
-# --- a fake /dev/kfd -----------------------------------------------------------------------------
-
-
-def _ioc_size(request: int) -> int:
-    return (request >> 16) & 0x3FFF
-
-
-def _tracer_tid(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("TracerPid:"):
-            return int(line.split()[1])
-    return 0
-
-
-class FakeKfd:
-    """The kernel's side of AMDKFD_IOC_GET_VERSION and AMDKFD_IOC_DBG_TRAP, as kfd_chardev.c
-    and kfd_debug.c implement them, over a process that has `queues`."""
-
-    def __init__(self, version=(1, 17), queues=(3, 5), runtime_state=kfd_abi.RUNTIME_ENABLED):
-        self.version = version
-        self.queues = list(queues)
-        self.runtime_state = runtime_state
-        self.enabled: dict[int, int] = {}  # pid -> dbg_fd
-        self.suspended: set[int] = set()
-        self.log: list[str] = []
-        self.attempts: list[int] = []  # every op asked for, allowed or not
-        self.runtime_event_pending = False
-
-    def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> int:
-        assert _ioc_size(request) == ctypes.sizeof(arg), "size in the request != the struct's"
-        if request == 0x80084B01:  # AMDKFD_IOR(0x01, struct kfd_ioctl_get_version_args)
-            assert ctypes.sizeof(arg) == 8
-            arg.major_version, arg.minor_version = self.version
-            return 0
-        assert request == 0xC0204B26, hex(request)  # AMDKFD_IOWR(0x26, kfd_ioctl_dbg_trap_args)
-        assert ctypes.sizeof(arg) == 32
-        op, pid = arg.op, arg.pid
-        self.attempts.append(op)
-        if not Path(f"/proc/{pid}").exists():
-            raise OSError(errno.ESRCH, "no such process")
-        if op != 1 and _tracer_tid(pid) != threading.get_native_id():
-            raise OSError(errno.EPERM, "not PTRACED by this thread")
-        if op != 0 and pid not in self.enabled:
-            raise OSError(errno.EINVAL, "not debug enabled")
-        if op in (6, 7) and self.runtime_state != kfd_abi.RUNTIME_ENABLED:
-            raise OSError(errno.EPERM, "runtime not enabled")
-        self.log.append(
-            {
-                0: "enable",
-                1: "disable",
-                2: "runtime-event",
-                6: "suspend",
-                7: "resume",
-                11: "query",
-                13: "snapshot",
-            }[op]
-        )
-        if op == 0:  # ENABLE
-            assert arg.enable.rinfo_size == 16
-            assert arg.enable.exception_mask == 1 << 47  # KFD_EC_MASK(EC_PROCESS_RUNTIME)
-            os.fstat(arg.enable.dbg_fd)  # fget(): EBADF if no such fd
-            self.enabled[pid] = arg.enable.dbg_fd
-            info = kfd_abi.RuntimeInfo.from_address(arg.enable.rinfo_ptr)
-            info.runtime_state = self.runtime_state
-            return 0
-        if op == 1:  # DISABLE resumes everything
-            self.suspended.clear()
-            del self.enabled[pid]
-            return 0
-        if op == 2:  # SEND_RUNTIME_EVENT
-            assert arg.send_runtime_event.exception_mask == 1 << 47
-            self.runtime_state = kfd_abi.RUNTIME_ENABLED
-            return 0
-        if op == 11:  # QUERY_DEBUG_EVENT
-            if not self.runtime_event_pending:
-                raise OSError(errno.EAGAIN, "no event")
-            self.runtime_event_pending = False
-            arg.query_debug_event.exception_mask = 1 << 47
-            return 0
-        if op == 13:  # GET_QUEUE_SNAPSHOT
-            snap = arg.queue_snapshot
-            assert snap.entry_size == 64
-            for i, queue_id in enumerate(self.queues[: snap.num_queues]):
-                entry = kfd_abi.QueueSnapshotEntry.from_address(snap.snapshot_buf_ptr + 64 * i)
-                entry.queue_id = queue_id
-            snap.num_queues = len(self.queues)
-            return 0
-        args = arg.suspend_queues if op == 6 else arg.resume_queues
-        ids = (ctypes.c_uint32 * args.num_queues).from_address(args.queue_array_ptr)
-        done = 0
-        for i, queue_id in enumerate(list(ids)):
-            if queue_id not in self.queues:
-                ids[i] = queue_id | (1 << 31)  # KFD_DBG_QUEUE_INVALID_MASK
-            elif op == 6:
-                self.suspended.add(queue_id)
-                done += 1
-            else:
-                self.suspended.discard(queue_id)
-                done += 1
-        return done
-
-    def raise_runtime_event(self) -> None:
-        self.runtime_state = kfd_abi.RUNTIME_ENABLED_BUSY
-        self.runtime_event_pending = True
-        os.write(self.enabled[next(iter(self.enabled))], b".")
 
 
 @pytest.fixture
@@ -228,12 +121,12 @@ def test_queues_are_suspended_by_the_tracer_thread_and_resumed(tmp_path, fake) -
     child = Counter(tmp_path)
     traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"), serve=False)
     try:
-        assert traced.suspend_queues() == 2
+        assert traced.suspend_queues().suspended == 2
         assert fake.suspended == {3, 5}
         assert fake.log[:3] == ["enable", "query", "snapshot"]
         assert traced.resume_queues() == 2
         assert fake.suspended == set()
-        assert traced.suspend_queues() == 2  # the session stays enabled between preemptions
+        assert traced.suspend_queues().suspended == 2  # the session stays open in between
         assert fake.log.count("enable") == 1
     finally:
         traced.kill()
@@ -249,6 +142,7 @@ def test_only_the_ptrace_parent_thread_may_suspend(tmp_path, fake) -> None:
     factory = session_factory(fake, tmp_path / "kfd")
     traced = TracedProcess(child.process, factory, serve=False)
     try:
+        fake.create_process(child.process.pid)  # it uses the GPU: it has a KFD context
         session = factory(child.process.pid)  # used from this thread, which traces nothing
         with pytest.raises(MechanismFailed, match="not its ptrace parent"):
             session.suspend()
@@ -259,20 +153,24 @@ def test_only_the_ptrace_parent_thread_may_suspend(tmp_path, fake) -> None:
 
 
 def test_a_runtime_waiting_for_the_debugger_is_released(tmp_path) -> None:
-    fake = FakeKfd(runtime_state=kfd_abi.RUNTIME_ENABLED_BUSY)
+    # the task has not started its ROCm runtime when the session opens; when it does, the
+    # kernel blocks it in AMDKFD_IOC_RUNTIME_ENABLE until the debugger answers
+    fake = FakeKfd(runtime_state=kfd_abi.RUNTIME_DISABLED, queues=())
     child = Counter(tmp_path)
     traced = TracedProcess(child.process, session_factory(fake, tmp_path / "kfd"), serve=False)
     try:
-        traced.suspend_queues()  # enabled while the runtime waited: answered at once
-        assert "runtime-event" in fake.log
+        outcome = traced.suspend_queues()  # nothing to suspend yet: SIGSTOP holds it
+        assert (outcome.suspended, outcome.queues) == (0, 0)
+        assert "runtime-event" not in fake.log  # nothing waits: nothing to answer
         traced.resume_queues()
-        fake.log.clear()
-        fake.raise_runtime_event()  # the runtime enables itself later, under the session
+        fake.runtime_enable(child.process.pid)  # the runtime enables itself under the session
+        assert fake.process(child.process.pid).runtime_waiting
         deadline = time.monotonic() + 5
-        while "runtime-event" not in fake.log:
+        while fake.process(child.process.pid).runtime_waiting:
             assert time.monotonic() < deadline, "the tracer did not answer the runtime"
             time.sleep(0.02)
-        assert fake.runtime_state == kfd_abi.RUNTIME_ENABLED
+        assert "runtime-event" in fake.log
+        assert fake.process(child.process.pid).runtime_state == kfd_abi.RUNTIME_ENABLED
     finally:
         traced.kill()
         traced.wait(10)
@@ -318,6 +216,10 @@ def test_a_socket_not_held_by_the_tracer_is_refused(tmp_path) -> None:
 class NoKfd:
     def __init__(self, pid: int) -> None:
         self.events_fd = -1
+        self.awaiting_exec = False
+
+    def on_exec(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -1,10 +1,13 @@
 """The launch gate's ROCm path, on a CPU: its stream barriers through a fake HIP runtime that
-records each call, and the HIP declarations it relies on checked against HIP's own headers."""
+records each call and refuses what HIP refuses (a device without stream waits, a read-only page,
+memory other than signal memory where CLR takes only that), and the HIP declarations it relies
+on checked against HIP's own headers."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import re
 import shutil
 import subprocess
@@ -22,30 +25,69 @@ OFFSETS = {
 }
 
 CSRC = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "client" / "csrc"
-HIP_HEADER = Path("/usr/include/hip/hip_runtime_api.h")
+#: Where HIP's headers are: $GPREEMPT_HIP_INCLUDE, else ROCm's, else the distribution's.
+HIP_INCLUDE = next(
+    (
+        Path(d)
+        for d in (os.environ.get("GPREEMPT_HIP_INCLUDE", ""), "/opt/rocm/include", "/usr/include")
+        if d and (Path(d) / "hip" / "hip_runtime_api.h").exists()
+    ),
+    Path("/usr/include"),
+)
+HIP_HEADER = HIP_INCLUDE / "hip" / "hip_runtime_api.h"
 DEVICE_OFFSET = 0x100000000000  # the fake's device address = host address + this
 
+# Each refusal is HIP's (CLR hipamd/src/hip_stream_ops.cpp, ihipStreamOperation; KFD user
+# pointers are pinned writable, so hipHostRegister of a read-only page fails).
 FAKE_HIP = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 static FILE* out(void) {
   static FILE* f;
   if (!f) { f = fopen(getenv("FAKE_HIP_LOG"), "a"); setvbuf(f, NULL, _IONBF, 0); }
   return f;
 }
+/* whether the page at `p` is mapped writable (/proc/self/maps) */
+static int writable(void* p) {
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[512];
+  int w = 0;
+  while (maps && fgets(line, sizeof line, maps)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (unsigned long)p >= lo &&
+        (unsigned long)p < hi) {
+      w = perms[1] == 'w';
+      break;
+    }
+  }
+  if (maps) fclose(maps);
+  return w;
+}
 int hipStreamWaitValue32(void* stream, void* ptr, uint32_t value, unsigned flags, uint32_t mask) {
+  /* GPU_STREAMOPS_CP_WAIT (or an older CLR): only hipMallocSignalMemory memory */
+  if (getenv("FAKE_HIP_SIGNAL_ONLY")) return 1; /* hipErrorInvalidValue */
   fprintf(out(), "wait %lu %lu %u %u %u\n", (unsigned long)stream, (unsigned long)ptr, value,
           flags, mask);
   return 0;
 }
 int hipHostRegister(void* host, size_t bytes, unsigned flags) {
   fprintf(out(), "register %lu %zu %u\n", (unsigned long)host, bytes, flags);
-  return 0;
+  return writable(host) ? 0 : 2; /* hipErrorOutOfMemory: the pages cannot be pinned */
 }
 int hipHostGetDevicePointer(void** device, void* host, unsigned flags) {
   *device = (char*)host + 0x100000000000UL;
   fprintf(out(), "device %lu %u\n", (unsigned long)host, flags);
+  return 0;
+}
+int hipGetDevice(int* device) { *device = 0; return 0; }
+int hipDeviceGetAttribute(int* value, int attribute, int device) {
+  const char* support = getenv("FAKE_HIP_WAIT_VALUE");
+  if (attribute != 10013) return 1;
+  if (support && strcmp(support, "unknown") == 0) return 1; /* an attribute it predates */
+  *value = support ? atoi(support) : 1;
   return 0;
 }
 """
@@ -77,12 +119,16 @@ def fake_hip(tmp_path, monkeypatch) -> tuple[Path, Path]:
 
 
 class Block:
-    """A page standing in for a control block (the gate only reads words of it)."""
+    """A page standing in for a control block (the gate only reads words of it); a watched
+    block is mapped read-only, as the daemon's descriptors allow."""
 
-    def __init__(self, hinted: bool = False) -> None:
+    def __init__(self, hinted: bool = False, read_only: bool = False) -> None:
         self.page = mmap.mmap(-1, mmap.PAGESIZE)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.page))
         ctypes.c_uint32.from_address(self.address + OFFSETS["hinted"]).value = int(hinted)
+        if read_only:
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.mprotect(ctypes.c_void_p(self.address), mmap.PAGESIZE, 1) == 0  # PROT_READ
 
     def device(self, field: str) -> int:
         return self.address + OFFSETS[field] + DEVICE_OFFSET
@@ -112,10 +158,10 @@ def test_barrier_waits_on_a_complete_watch_list(native, fake_hip) -> None:
     library, log = fake_hip
     own, plain, hinted = Block(), Block(), Block(hinted=True)
     stream = 0x5000
-    pages = native._hip_waits_for_test(
+    pages, fallbacks = native._hip_waits_for_test(
         str(library), stream, own.address, [plain.address, hinted.address], 3
     )
-    assert pages == 3
+    assert (pages, fallbacks) == (3, 0)
     all_bits = 0xFFFFFFFF
     # own word: bit 0 (a plain close) clear, so a close-while-watched word (2V) lets it pass;
     # each watched task: no request, and for one that never used request(), no automatic activity
@@ -142,6 +188,43 @@ def test_barrier_waits_for_an_open_gate_without_a_complete_list(native, fake_hip
     assert waits(log) == [(7, own.device("gate_closed"), 0, 1, 0xFFFFFFFF)]
 
 
+def test_a_read_only_watched_block_falls_back_to_the_own_word_counted(native, fake_hip) -> None:
+    library, log = fake_hip
+    own, watched = Block(), Block(read_only=True)
+    pages, fallbacks = native._hip_waits_for_test(
+        str(library), 9, own.address, [watched.address], 3
+    )
+    assert fallbacks == 1 and pages == 2  # asked once each: a refusal is remembered
+    # the GPU cannot read the watched task: the barrier holds until the gate opens fully
+    assert waits(log) == [(9, own.device("gate_closed"), 0, 1, 0xFFFFFFFF)]
+    log.write_text("")
+    _, fallbacks = native._hip_waits_for_test(str(library), 9, own.address, [watched.address], 3)
+    assert fallbacks == 1  # a fresh gate state in the test hook: counted again, never silent
+
+
+def test_a_runtime_that_waits_only_on_signal_memory_is_reported(
+    native, fake_hip, monkeypatch
+) -> None:
+    library, _ = fake_hip
+    monkeypatch.setenv("FAKE_HIP_SIGNAL_ONLY", "1")
+    own = Block()
+    with pytest.raises(RuntimeError, match="hipMallocSignalMemory"):
+        native._hip_waits_for_test(str(library), 7, own.address, [], 0)
+
+
+@pytest.mark.parametrize(
+    ("support", "expected"),
+    [("1", (True, "")), ("0", (False, "is 0")), ("unknown", (False, "cannot say"))],
+)
+def test_support_is_asked_through_the_device_attribute(
+    native, fake_hip, monkeypatch, support, expected
+) -> None:
+    library, _ = fake_hip
+    monkeypatch.setenv("FAKE_HIP_WAIT_VALUE", support)
+    ok, why = native._hip_support_for_test(str(library))
+    assert ok is expected[0] and expected[1] in why
+
+
 def test_a_library_without_the_functions_is_refused(native) -> None:
     with pytest.raises(RuntimeError, match="does not offer the HIP functions"):
         native._hip_waits_for_test("libm.so.6", 1, Block().address, [], 0)
@@ -157,6 +240,7 @@ ABI_CHECK = r"""
 template <class T> struct Abi { using type = T; };
 template <> struct Abi<hipStream_t> { using type = void*; };
 template <> struct Abi<hipError_t> { using type = int; };
+template <> struct Abi<hipDeviceAttribute_t> { using type = int; };
 template <class F> struct AbiFn;
 template <class R, class... A> struct AbiFn<R (*)(A...)> {
   using type = typename Abi<R>::type (*)(typename Abi<A>::type...);
@@ -167,6 +251,11 @@ template <class R, class... A> struct AbiFn<R (*)(A...)> {
 SAME(hipStreamWaitValue32, gpreempt_hip::WaitValue32);
 SAME(hipHostRegister, gpreempt_hip::HostRegister);
 SAME(hipHostGetDevicePointer, gpreempt_hip::HostGetDevicePointer);
+SAME(hipGetDevice, gpreempt_hip::GetDevice);
+SAME(hipDeviceGetAttribute, gpreempt_hip::DeviceGetAttribute);
+static_assert(hipDeviceAttributeCanUseStreamWaitValue == gpreempt_hip::kAttrCanUseStreamWaitValue,
+              "hipDeviceAttributeCanUseStreamWaitValue");
+static_assert(hipErrorInvalidValue == gpreempt_hip::kErrorInvalidValue, "hipErrorInvalidValue");
 static_assert(sizeof(hipError_t) == sizeof(gpreempt_hip::Result), "hipError_t size");
 static_assert(std::is_pointer<hipStream_t>::value, "hipStream_t is a handle");
 static_assert(hipSuccess == 0, "hipSuccess");
@@ -200,6 +289,8 @@ def test_hip_declarations_match_the_hip_headers(tmp_path) -> None:
             "-D__HIP_PLATFORM_AMD__",
             "-I",
             str(CSRC),
+            "-I",
+            str(HIP_INCLUDE),
             "-fsyntax-only",
             str(source),
         ],
@@ -221,7 +312,7 @@ def test_hip_functions_are_exported_by_libamdhip64() -> None:
     ).stdout.split()
     exported = {symbol.split("@")[0] for symbol in exported}  # versioned: name@@hip_4.2
     names = re.findall(r'k\w+Name = "(\w+)"', (CSRC / "hip_api.h").read_text())
-    assert len(names) == 3
+    assert len(names) == 5
     for name in names:
         assert name in exported, f"{name} is not exported by {candidates[0]}"
     assert "dlsym(lib, gpreempt_hip::k" in (CSRC / "gate.cpp").read_text()

@@ -183,3 +183,16 @@ def test_the_import_hook_acts_once_the_module_is_imported(monkeypatch, tmp_path)
 
     assert seen == [7]
     assert hook not in __import__("sys").meta_path  # nothing left to wait for
+
+
+def test_barriers_that_cannot_start_say_so(monkeypatch, capsys) -> None:
+    # no NVIDIA driver with stream memory operations (CuPy on ROCm): never silent
+    from gpreempt.client import stream_barriers
+
+    monkeypatch.setattr(stream_barriers.CudaStreamOps, "load", classmethod(lambda cls: None))
+    own = ControlBlock.create()
+    try:
+        assert StreamBarriers.start_for(own) is None
+        assert "stream barriers not started" in capsys.readouterr().err
+    finally:
+        own.close()

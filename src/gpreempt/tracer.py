@@ -2,9 +2,14 @@
 
 The KFD debugger interface answers only to the target's ptrace parent, and the kernel means
 the very *thread* that attached. So one dedicated thread seizes the command with
-``PTRACE_SEIZE`` (no stop, no option: the command's execve and its threads are not touched),
-performs every ptrace and KFD call, and stays alive as long as the command does; a second
-thread waits for the command's state changes and hands them to it.
+``PTRACE_SEIZE``, performs every ptrace and KFD call, and stays alive as long as the command
+does; a second thread waits for the command's state changes and hands them to it.
+
+The one option is ``PTRACE_O_TRACEEXEC``: a KFD debug session belongs to the process's memory
+map, and the kernel ends it when the process execs (kfd_process.c,
+kfd_process_notifier_release_internal). ``gpreempt run`` traces its wrapper before it execs the
+command, so the session is opened only after that exec, and forgotten at any later one
+(:meth:`KfdSession.on_exec`); the exec stop is continued at once.
 
 The command must not notice: every signal it receives is delivered as sent (a stop of the
 tracee is restarted at once with the same signal), a stop signal stops it as it would stop an
@@ -38,7 +43,7 @@ from typing import Any, TypeVar
 
 from .errors import GpreemptError, MechanismFailed, MechanismUnavailable
 from .mechanisms.kfd import control_address
-from .mechanisms.kfd_session import KfdSession
+from .mechanisms.kfd_session import KfdSession, SuspendOutcome
 
 T = TypeVar("T")
 
@@ -46,6 +51,8 @@ PTRACE_CONT = 7
 PTRACE_SEIZE = 0x4206
 PTRACE_LISTEN = 0x4208
 PTRACE_EVENT_STOP = 128
+PTRACE_EVENT_EXEC = 4
+PTRACE_O_TRACEEXEC = 0x10
 WALL = 0x40000000  # __WALL: wait for the traced thread whatever its kind
 STOP_SIGNALS = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})
 #: How long a request to the tracer thread may take before its caller gives up.
@@ -76,7 +83,8 @@ class TracedProcess:
     """A child of this process, traced for the KFD interface; stands in for its ``Popen``.
 
     ``session_factory`` makes the KFD session (tests give it a fake KFD); ``serve`` opens the
-    socket the daemon talks to.
+    socket the daemon talks to; ``awaiting_exec``: the process is a wrapper that has yet to
+    exec the command (``gpreempt run``'s), and no session opens before that exec.
     """
 
     def __init__(
@@ -84,8 +92,10 @@ class TracedProcess:
         process: subprocess.Popen[Any],
         session_factory: Callable[[int], KfdSession] = KfdSession,
         serve: bool = True,
+        awaiting_exec: bool = False,
     ) -> None:
         self.pid = process.pid
+        self._awaiting_exec = awaiting_exec
         self.returncode: int | None = None
         self._popen = process
         self._factory = session_factory
@@ -143,7 +153,7 @@ class TracedProcess:
             raise job.error
         return job.result  # type: ignore[no-any-return]
 
-    def suspend_queues(self) -> int:
+    def suspend_queues(self) -> SuspendOutcome:
         return self.call(lambda: self._session().suspend())
 
     def resume_queues(self) -> int:
@@ -152,6 +162,12 @@ class TracedProcess:
             return 0
         return self.call(lambda: self._session().resume())
 
+    def held_queues(self) -> int:
+        """How many of the command's queues are suspended now."""
+        if self._exited.is_set():
+            return 0
+        return self.call(lambda: len(self._session().suspended))
+
     def _session(self) -> KfdSession:
         assert self.session is not None
         return self.session
@@ -159,7 +175,7 @@ class TracedProcess:
     # --- the tracer thread -----------------------------------------------------------------------
     def _trace(self) -> None:
         try:
-            ptrace(PTRACE_SEIZE, self.pid)
+            ptrace(PTRACE_SEIZE, self.pid, PTRACE_O_TRACEEXEC)
         except OSError as exc:
             self._start_error = MechanismUnavailable(
                 f"cannot trace process {self.pid} for mechanism 'kfd' ({exc.strerror}): "
@@ -169,6 +185,7 @@ class TracedProcess:
             self._ready.set()
             return
         self.session = self._factory(self.pid)
+        self.session.awaiting_exec = self._awaiting_exec
         threading.Thread(target=self._wait_loop, name="gpreempt-tracee-wait", daemon=True).start()
         self._ready.set()
         try:
@@ -224,7 +241,10 @@ class TracedProcess:
         signum = os.WSTOPSIG(status)
         event = status >> 16
         try:
-            if event == PTRACE_EVENT_STOP and signum in STOP_SIGNALS:
+            if event == PTRACE_EVENT_EXEC and self.session is not None:
+                self.session.on_exec()  # the kernel ended the session with the old program
+                ptrace(PTRACE_CONT, self.pid)
+            elif event == PTRACE_EVENT_STOP and signum in STOP_SIGNALS:
                 ptrace(PTRACE_LISTEN, self.pid)  # a group stop: stay stopped until SIGCONT
             elif event:
                 ptrace(PTRACE_CONT, self.pid)  # the end of a listen, or another trap: go on
@@ -291,9 +311,17 @@ class TracedProcess:
             if op == "ping":
                 reply: dict[str, Any] = {"ok": True}
             elif op == "suspend":
-                reply = {"ok": True, "queues": self.suspend_queues()}
+                outcome = self.suspend_queues()
+                reply = {
+                    "ok": True,
+                    "suspended": outcome.suspended,
+                    "queues": outcome.queues,
+                    "refused": outcome.refused,
+                }
             elif op == "resume":
                 reply = {"ok": True, "queues": self.resume_queues()}
+            elif op == "held":  # how many queues are suspended now (gpreempt selftest)
+                reply = {"ok": True, "suspended": self.held_queues()}
             else:
                 reply = {"ok": False, "error": f"unknown request {op!r}"}
         except GpreemptError as exc:
@@ -306,7 +334,7 @@ def traced(process: subprocess.Popen[Any]) -> TracedProcess:
     mechanism kfd. If it cannot be traced, the child is killed and reaped, and the reason
     raised: it must never run unseen."""
     try:
-        return TracedProcess(process)
+        return TracedProcess(process, awaiting_exec=True)  # the wrapper execs the command
     except BaseException:
         if process.poll() is None:
             process.kill()

@@ -1,66 +1,50 @@
-"""``gpreempt selftest``: which preemption mechanisms work on this machine, checked for real.
+"""``gpreempt selftest``: which preemption mechanisms work on this machine, proven or not.
 
-For each mechanism (gate, lock, signal, kfd) the self-test first asks whether it can exist
-here (PyTorch and the gate's extension; the NVIDIA driver's checkpoint API; ``/dev/kfd`` with
-the debugger API). For each one that can, it starts a private daemon and a small job of its own
-with ``gpreempt run --mechanism M`` (GPU work on the first GPU where there is one, CPU work
-otherwise), holds it with ``gpreempt suspend``, checks that its progress stopped, releases it,
-and checks that it goes on. The job is the whole path a user's task takes, so a row that says
-"works" means the mechanism preempted a process on this machine. Exit code 0 when every
-mechanism that exists here works.
+For each mechanism the self-test starts a private daemon and a job of its own with
+``gpreempt run --mechanism M`` (:mod:`._selftest_probe`), holds it with ``gpreempt suspend``,
+checks that its progress stood still, releases it and checks that it goes on. On a GPU the
+progress is what the GPU executed, counted by the job's own kernels in a page the self-test
+reads, with work still queued: a mechanism "works" only if the GPU stopped with that work
+pending (or, for the launch gate and the driver lock, once what was in flight drained), and
+``kfd`` only if its tracer says it holds the task's queues. What cannot be shown on this
+machine (no GPU, no PyTorch, no AMD GPU for ``kfd``) is "unproven", never "works". Exit code 0
+when nothing failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..config import SOCKET_NAME
 from ..names import MechanismName
+from ._selftest_probe import JOB, KIND, KIND_GPU, PID, Counter, Workspace, die_with_parent
 
-MECHANISMS = (MechanismName.GATE, MechanismName.LOCK, MechanismName.SIGNAL, MechanismName.KFD)
+MECHANISMS = (
+    MechanismName.GATE,
+    MechanismName.LOCK,
+    MechanismName.SIGNAL,
+    MechanismName.KFD,
+    "driver-gate",
+)
+WORKS, FAILS, UNPROVEN = "works", "FAILS", "unproven"
 
-#: The job: counts steps of work into a file (GPU work waits for the GPU at each step, so a
-#: step counts only once the GPU did it).
-JOB = """
-import os, sys, time
-path, mode = sys.argv[1], sys.argv[2]
-if mode == "python":
-    def step():
-        sum(range(20000))
-else:
-    import torch
-    device = "cuda" if mode == "gpu" else "cpu"
-    x = torch.randn(512, 512, device=device)
-    def step():
-        y = x
-        for _ in range(4):
-            y = torch.tanh(y @ x)
-        if device == "cuda":
-            torch.cuda.synchronize()
-n = 0
-while True:
-    step()
-    n += 1
-    with open(path + ".tmp", "w") as f:
-        f.write(str(n))
-    os.replace(path + ".tmp", path)
-    time.sleep(0.002)
-"""
-
-#: How long a job may take to start (a first run builds the gate's extension).
+#: How long a job may take to start (a first GPU run builds the gate's extension).
 START_TIMEOUT_S = 180.0
-#: How long progress must stand still to count as stopped, and how soon it must come back.
+#: How long after the suspension what was in flight may still finish, how long progress must
+#: then stand still, and how soon it must come back.
+SETTLE_S = 0.3
 STILL_S = 1.0
 RESUME_TIMEOUT_S = 10.0
 
@@ -68,15 +52,29 @@ RESUME_TIMEOUT_S = 10.0
 @dataclass
 class Row:
     mechanism: str
-    exists: bool
+    verdict: str = UNPROVEN
     stopped: bool | None = None
     resumed: bool | None = None
+    #: Steps launched but not executed while the GPU stood still (work it held back).
+    pending: int | None = None
+    #: Queues the kfd tracer held.
+    queues: int | None = None
     suspend_ms: float | None = None
     note: str = ""
 
     @property
     def works(self) -> bool:
-        return bool(self.exists and self.stopped and self.resumed)
+        return self.verdict == WORKS
+
+
+@dataclass
+class Machine:
+    gpu: str  # "nvidia", "amd" or ""
+    torch: bool
+
+    def describe(self) -> str:
+        kind = {"nvidia": "NVIDIA GPU", "amd": "AMD GPU (/dev/kfd)"}.get(self.gpu, "no GPU")
+        return f"{kind}, {'with' if self.torch else 'without'} PyTorch"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,10 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "selftest",
         help="check which preemption mechanisms work on this machine",
         description=(
-            "Start a small job of its own under each mechanism that exists here (gate, lock, "
-            "signal, kfd), suspend it, check that it stopped making progress and that it "
-            "resumed, and print what works, what does not, and why. Uses a private daemon; "
-            "exit code 0 when every mechanism that exists here works."
+            "Start a small job of its own under each mechanism (gate, lock, signal, kfd), "
+            "suspend it, check from the GPU's own progress that it stopped and resumed, and "
+            "print what works, what fails, and what could not be proven here. Uses a private "
+            "daemon; exit code 0 when nothing failed."
         ),
     )
     parser.add_argument(
@@ -103,155 +101,260 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mechanisms = tuple(args.mechanism or MECHANISMS)
-    mode, where = _job_mode()
-    rows = [_exists(m, mode) for m in mechanisms]
-    if any(r.exists for r in rows):
-        with tempfile.TemporaryDirectory(prefix="gpreempt-selftest-") as tmp:
-            runtime = Path(tmp) / "run"
-            daemon = _start_daemon(runtime)
-            try:
-                for row in rows:
-                    if row.exists:
-                        _exercise(row, runtime, Path(tmp), mode)
-            finally:
-                daemon.send_signal(signal.SIGTERM)
-                try:
-                    daemon.wait(10)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
-                    daemon.wait()
-    _report(rows, where, args.json)
-    return 0 if all(r.works for r in rows if r.exists) else 1
-
-
-def _job_mode() -> tuple[str, str]:
-    """What the job runs: GPU work where PyTorch sees a GPU, else CPU tensors, else Python."""
+    machine = _machine()
+    previous = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        import torch
-    except ImportError:
-        return "python", "no PyTorch: a Python job on the CPU"
-    if torch.cuda.is_available():
-        kind = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
-        return "gpu", f"{torch.cuda.get_device_name(0)} ({kind}, PyTorch {torch.__version__})"
-    return "cpu", f"no GPU: CPU tensors (PyTorch {torch.__version__})"
+        rows = _run(mechanisms, machine)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    _report(rows, machine, args.json)
+    return 1 if any(r.verdict == FAILS for r in rows) else 0
 
 
-def _exists(mechanism: str, mode: str) -> Row:
-    from ..errors import MechanismUnavailable
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # the finally blocks stop the daemon and the jobs
 
-    row = Row(mechanism, exists=True)
-    if mechanism == MechanismName.GATE:
-        if mode == "python":
-            row.exists, row.note = False, "needs PyTorch"
-            return row
-        from ..client.gate.build import NativeGateUnavailable, load_native
 
-        try:
-            load_native()
-        except NativeGateUnavailable as exc:
-            row.note = f"the C++ gate cannot be built ({exc}); the Python fallback is used"
-        if mode == "cpu":
-            row.note = "CPU tensors: launches stop, no GPU work to drain"
-    elif mechanism == MechanismName.LOCK:
+def _machine() -> Machine:
+    """What is here, found without importing PyTorch (seconds on a CPU machine)."""
+    gpu = "nvidia" if Path("/dev/nvidiactl").exists() else ""
+    gpu = gpu or ("amd" if Path("/dev/kfd").exists() else "")
+    return Machine(gpu, importlib.util.find_spec("torch") is not None)
+
+
+def _run(mechanisms: tuple[str, ...], machine: Machine) -> list[Row]:
+    rows: list[Row] = []
+    todo: list[tuple[Row, str]] = []
+    for mechanism in mechanisms:
+        if mechanism == "driver-gate":
+            rows.append(_check_driver_gate())
+            continue
+        row, mode = Row(mechanism), ""
+        why = _why_unproven(mechanism, machine)
+        if why:
+            row.note = why
+        else:
+            mode = "gpu" if machine.gpu and machine.torch else "python"
+            todo.append((row, mode))
+        rows.append(row)
+    if not todo:
+        return rows
+    workspace = Workspace()
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        runtime = workspace.path / "run"
+        daemon = _start_daemon(runtime, workspace)
+        for row, mode in todo:
+            extra = _exercise(row, runtime, workspace, mode)
+            if extra is not None:
+                rows.insert(rows.index(row) + 1, extra)
+    finally:
+        if daemon is not None:
+            _stop(daemon)
+        workspace.close()
+    return rows
+
+
+def _why_unproven(mechanism: str, machine: Machine) -> str:
+    """Why ``mechanism`` cannot be shown to work here ("" if it can be tried)."""
+    if mechanism == MechanismName.SIGNAL:
+        return ""  # a CPU job shows it where no GPU job can run
+    if not machine.gpu:
+        return {
+            MechanismName.GATE: "no GPU: nothing to hold on a GPU",
+            MechanismName.LOCK: "no NVIDIA GPU",
+            MechanismName.KFD: "no AMD GPU (/dev/kfd absent)",
+        }[mechanism]
+    if not machine.torch:
+        return "the GPU job needs PyTorch"
+    if mechanism == MechanismName.LOCK:
         from ..mechanisms.cuda_driver import try_driver
 
         if try_driver() is None:
-            row.exists, row.note = False, "no NVIDIA driver with the checkpoint API (r570+)"
-    elif mechanism == MechanismName.KFD:
+            return "no NVIDIA driver with the checkpoint API (r570+)"
+    if mechanism == MechanismName.KFD:
+        from ..errors import MechanismUnavailable
         from ..mechanisms.kfd_session import check_available
 
         try:
             check_available()
         except MechanismUnavailable as exc:
-            row.exists, row.note = False, str(exc)
-        else:
-            if mode != "gpu":
-                row.exists, row.note = False, "PyTorch sees no GPU to run a job on"
-    elif mechanism == MechanismName.SIGNAL and mode == "gpu":
-        row.note = "stops the CPU side; GPU work already queued still drains"
-    return row
+            return str(exc)
+    return ""
 
 
-def _env(runtime: Path) -> dict[str, str]:
+def _check_driver_gate() -> Row:
+    """The driver-level launch gate (every launch, whatever the framework): not built yet, so
+    unproven; its check goes here, on the same job as the others, once it exists."""
+    return Row("driver-gate", note="no driver-level launch gate in this build")
+
+
+def _env(runtime: Path, mechanism: str) -> dict[str, str]:
     from ..client.launcher import _env_with_package
 
     env = _env_with_package(os.environ.copy())
     env["GPREEMPT_RUNTIME_DIR"] = str(runtime)
+    if mechanism == MechanismName.GATE:
+        env.setdefault("GPREEMPT_GATE_BARRIER_MS", "1")  # stream barriers, to prove them too
     return env
 
 
-def _start_daemon(runtime: Path) -> subprocess.Popen[bytes]:
+def _start_daemon(runtime: Path, workspace: Workspace) -> subprocess.Popen[bytes]:
     runtime.mkdir(mode=0o700)
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime)],
-        env=_env(runtime),
+        env=_env(runtime, MechanismName.SIGNAL),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
+    workspace.record(daemon.pid)
     deadline = time.monotonic() + 20
     while not (runtime / SOCKET_NAME).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     return daemon
 
 
-def _exercise(row: Row, runtime: Path, tmp: Path, mode: str) -> None:
-    """Run the job under ``row.mechanism``, suspend it, resume it, and fill in the row."""
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _exercise(row: Row, runtime: Path, workspace: Workspace, mode: str) -> Row | None:
+    """Run the job under ``row.mechanism``, suspend it, resume it, and fill in the row (and
+    return the stream barriers' row for the gate)."""
     name = f"selftest-{row.mechanism}"
-    counter = tmp / f"{name}.count"
-    job_mode = "python" if row.mechanism == MechanismName.SIGNAL and mode != "gpu" else mode
-    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+    counter = workspace.counter(name)
+    log_path = workspace.path / f"{name}.log"
     command = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(runtime)]
     command += ["--mechanism", row.mechanism, "--priority", "low", "--name", name]
-    command += ["--", sys.executable, "-c", JOB, str(counter), job_mode]
-    job = subprocess.Popen(command, env=_env(runtime), stdout=log, stderr=log)
+    command += ["--", sys.executable, "-c", JOB, str(counter.path), mode]
+    with open(log_path, "wb") as log:
+        job = subprocess.Popen(
+            command,
+            env=_env(runtime, row.mechanism),
+            stdout=log,
+            stderr=log,
+            preexec_fn=die_with_parent,
+        )
+    workspace.record(job.pid)
     try:
-        if not _wait_progress(counter, job, START_TIMEOUT_S):
-            row.stopped = False
-            row.note = _why(tmp / f"{name}.log", "the job did not start")
-            return
-        start = time.perf_counter()
-        held = _control(runtime, "suspend", name)
-        row.suspend_ms = (time.perf_counter() - start) * 1e3
-        if held is not None:
-            row.stopped, row.note = False, held
-            return
-        time.sleep(0.3)  # what was in flight when it was suspended may still finish
-        before = _count(counter)
-        time.sleep(STILL_S)
-        row.stopped = _count(counter) == before
-        released = _control(runtime, "resume", name)
-        if released is not None:
-            row.resumed, row.note = False, released
-            return
-        row.resumed = _wait_progress(counter, job, RESUME_TIMEOUT_S, after=_count(counter))
-        if not row.stopped:
-            row.note = "the job kept making progress while suspended"
-        elif not row.resumed:
-            row.note = "the job made no progress after resume"
+        timeout = START_TIMEOUT_S if mode == "gpu" else 20.0
+        if not _wait(lambda: counter.executed > 0, job, timeout):
+            row.verdict, row.note = FAILS, _why(log_path, "the job did not start")
+            return None
+        workspace.record(counter.word(PID))  # the job (it leads its group)
+        return _hold_and_release(row, runtime, counter, job, mode)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(15)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
-        log.close()
+        _stop(job)
+        counter.close()
 
 
-def _count(path: Path) -> int:
+def _hold_and_release(
+    row: Row, runtime: Path, counter: Counter, job: subprocess.Popen[bytes], mode: str
+) -> Row | None:
+    name = f"selftest-{row.mechanism}"
+    start = time.perf_counter()
+    failed = _control(runtime, "suspend", name)
+    row.suspend_ms = round((time.perf_counter() - start) * 1e3, 1)
+    if failed is not None:
+        row.verdict, row.note = FAILS, failed
+        return None
+    if row.mechanism == MechanismName.KFD:
+        row.queues = _held_queues(counter.word(PID))
+    time.sleep(SETTLE_S)
+    executed, launched = counter.executed, counter.launched
+    time.sleep(STILL_S)
+    # signal stops the CPU side only: its proof is the launches; the others hold the GPU
+    cpu_side = row.mechanism == MechanismName.SIGNAL
+    row.stopped = (counter.launched if cpu_side else counter.executed) == (
+        launched if cpu_side else executed
+    )
+    row.pending = counter.launched - counter.executed
+    ran_on = counter.executed - executed
+    failed = _control(runtime, "resume", name)
+    if failed is not None:
+        row.resumed, row.verdict, row.note = False, FAILS, failed
+        return None
+    after = counter.executed
+    row.resumed = _wait(lambda: counter.executed > after, job, RESUME_TIMEOUT_S)
+    gpu_counted = mode == "gpu" and counter.word(KIND) == KIND_GPU
+    _judge(row, gpu_counted, ran_on, _last_mechanism(runtime, name))
+    if row.mechanism == MechanismName.GATE:
+        return _barrier_row(row, gpu_counted)
+    return None
+
+
+def _judge(row: Row, gpu_counted: bool, ran_on: int, used: str | None) -> None:
+    if not row.stopped:
+        row.verdict, row.note = FAILS, "the job kept making progress while suspended"
+    elif not row.resumed:
+        row.verdict, row.note = FAILS, "the job made no progress after resume"
+    elif row.mechanism == MechanismName.SIGNAL:
+        row.verdict = WORKS
+        if gpu_counted and ran_on:
+            row.note = f"the GPU ran on ({ran_on} queued steps) while the process stood still"
+    elif not gpu_counted:
+        row.note = "progress not read from GPU memory (no GPU, or its page could not be mapped)"
+    elif row.mechanism == MechanismName.KFD and used != MechanismName.KFD:
+        row.verdict, row.note = FAILS, f"the daemon fell back to {used}: see its 'degraded' event"
+    elif row.mechanism == MechanismName.KFD and not row.queues:
+        row.verdict, row.note = FAILS, "the tracer held none of the job's GPU queues"
+    elif row.mechanism == MechanismName.KFD and not row.pending:
+        row.note = "no GPU work was pending: held, but not shown to be held on the GPU"
+    else:
+        row.verdict = WORKS
+        if row.mechanism == MechanismName.KFD:
+            row.note = f"{row.queues} queues held with {row.pending} steps pending"
+
+
+def _barrier_row(gate: Row, gpu_counted: bool) -> Row:
+    """The gate's stream barriers: proven only by a kernel they held queued behind them."""
+    row = Row("barriers", stopped=gate.stopped, resumed=gate.resumed, pending=gate.pending)
+    if gate.verdict == FAILS:
+        row.note = "the gate failed"
+    elif not gpu_counted:
+        row.note = gate.note
+    elif gate.pending:
+        row.verdict = WORKS
+        row.note = f"{gate.pending} steps held queued behind a barrier"
+    else:
+        row.note = "no kernel was held queued behind a barrier (barriers off?)"
+    return row
+
+
+def _held_queues(pid: int) -> int | None:
+    from ..errors import GpreemptError
+    from ..mechanisms.kfd import request
+
     try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
+        value = request(pid, "held").get("suspended")
+    except GpreemptError:
+        return None
+    return value if isinstance(value, int) else None
 
 
-def _wait_progress(
-    path: Path, job: subprocess.Popen[bytes], timeout: float, after: int = 0
-) -> bool:
+def _last_mechanism(runtime: Path, name: str) -> str | None:
+    from ..client.api import status
+    from ..errors import GpreemptError
+
+    with contextlib.suppress(GpreemptError):
+        for task in status(runtime_dir=runtime).get("tasks", []):
+            if task.get("name") == name:
+                return task.get("last_mechanism")
+    return None
+
+
+def _wait(ready: Any, job: subprocess.Popen[bytes], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _count(path) > after:
+        if ready():
             return True
         if job.poll() is not None:
             return False
@@ -276,25 +379,23 @@ def _why(log: Path, default: str) -> str:
     return f"{default}: {lines[-1]}" if lines else default
 
 
-def _report(rows: list[Row], where: str, as_json: bool) -> None:
+def _report(rows: list[Row], machine: Machine, as_json: bool) -> None:
     if as_json:
         listed = [asdict(r) | {"works": r.works} for r in rows]
-        print(json.dumps({"machine": where, "rows": listed}))
+        print(json.dumps({"machine": machine.describe(), "rows": listed}))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"gpreempt selftest: {where}")
-    for column in ("mechanism", "here", "stops", "resumes", "suspend call", "result", "note"):
-        table.add_column(column)
+    width = min(80, shutil.get_terminal_size((80, 24)).columns)
+    table = Table(title=f"gpreempt selftest: {machine.describe()}", title_justify="left")
+    for column in ("mechanism", "result", "stops", "resumes", "suspend", "note"):
+        table.add_column(column, overflow="fold")
 
     def mark(value: bool | None) -> str:
         return "-" if value is None else ("yes" if value else "NO")
 
     for r in rows:
-        result = "works" if r.works else ("not here" if not r.exists else "FAILS")
-        ms = f"{r.suspend_ms:.1f} ms" if r.suspend_ms is not None else "-"
-        table.add_row(
-            r.mechanism, mark(r.exists), mark(r.stopped), mark(r.resumed), ms, result, r.note
-        )
-    Console(width=max(100, shutil.get_terminal_size().columns)).print(table)
+        ms = f"{r.suspend_ms:.0f} ms" if r.suspend_ms is not None else "-"
+        table.add_row(r.mechanism, r.verdict, mark(r.stopped), mark(r.resumed), ms, r.note)
+    Console(width=width).print(table)

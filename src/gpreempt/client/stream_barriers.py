@@ -20,7 +20,10 @@ Work on the legacy stream and on every blocking stream (CuPy's default and its
 The control block then says ``gate_installed`` and ``barriers_on``: the daemon closes the
 gate word instead of locking the process, and its driver-lock backstop leaves it alone.
 A failed driver call turns the barriers off for good, clears both words (the daemon goes
-back to the lock) and says so on stderr.
+back to the lock) and says so on stderr. Where they cannot start at all (no NVIDIA driver
+with stream memory operations: CuPy on ROCm, say, whose barriers would need HIP's
+``hipStreamWaitValue32`` on signal memory or a writable mapping, see ``csrc/hip_api.h``), they
+say so on stderr too: the process then runs unheld by barriers, never silently.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ class StreamBarriers:
         memory operations (no NVIDIA driver, an old one)."""
         ops = CudaStreamOps.load()
         if ops is None:
+            print(
+                "gpreempt: stream barriers not started: no NVIDIA driver with stream memory "
+                "operations (the daemon holds this process by its mechanism alone)",
+                file=sys.stderr,
+            )
             return None
         barriers = cls(control, ops)
         barriers.start()

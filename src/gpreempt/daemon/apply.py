@@ -201,6 +201,7 @@ class Executor:
         mechanism = mechanisms.get(task.mechanism)
         choose = getattr(mechanism, "choose", None)
         start = time.perf_counter()
+        concrete = mechanism
         try:
             concrete = choose(task.target(False)) if choose is not None else mechanism
             if not self._recorded_first(task, concrete.name):
@@ -223,6 +224,9 @@ class Executor:
             except GpreemptError as fallback:
                 return self._suspend_failed(task, MechanismName.SIGNAL, fallback, now)
         latency_ms = (time.perf_counter() - start) * 1e3
+        degraded = mechanism.take_degradation(self.target(task, concrete.name))
+        if degraded is not None:
+            self._degraded(task, used, degraded)
         turn = reason == "turn"
         if turn:
             task.turns += 1
@@ -260,6 +264,18 @@ class Executor:
         self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now)
         self.host.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
+
+    def _degraded(self, task: Task, used: str, reason: str) -> None:
+        """Record that ``task``'s mechanism held less than it promises (kfd that suspended
+        none of the task's queues, say) and ``used`` held it instead: an event, the task's
+        counter, and a failure of its mechanism in the metrics."""
+        task.degradations += 1
+        self.host.events.write(
+            "degraded", **task.event_fields(), mechanism=task.mechanism, used=used, reason=reason
+        )
+        self.host.log(f"{task.name} (pid {task.pid}): {reason}")
+        if self.host.metrics is not None:
+            self.host.metrics.on_suspend_failed(task.gpu, task.name, task.mechanism)
 
     def resume(self, task: Task, reason: str) -> bool:
         """Resume ``task`` with the mechanism that suspended it; returns whether it did."""

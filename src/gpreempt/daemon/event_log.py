@@ -41,6 +41,7 @@ EVENT_KINDS = frozenset(
         "restore",
         "exit",
         "error",
+        "degraded",
         "daemon-start",
         "daemon-stop",
     }

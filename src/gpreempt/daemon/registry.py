@@ -62,6 +62,8 @@ class Task:
     preemptions: int = 0
     #: Times it was stopped to wait for its turn among peers (not counted in ``preemptions``).
     turns: int = 0
+    #: Suspensions its mechanism held only in part, another one holding it (event ``degraded``).
+    degradations: int = 0
     suspended_seconds: float = 0.0
     last_suspend_ms: float | None = None
     run_seconds: float = 0.0
@@ -267,6 +269,7 @@ class Task:
             "held": self.held,
             "preemptions": self.preemptions,
             "turns": self.turns,
+            "degradations": self.degradations,
             "suspended_seconds": round(suspended_seconds, 6),
             "last_suspend_ms": self.last_suspend_ms,
             "last_mechanism": self.suspended_with,

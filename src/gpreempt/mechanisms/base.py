@@ -84,5 +84,10 @@ class Mechanism(abc.ABC):
     def resume(self, target: Target) -> str:
         """Undo :meth:`suspend`; return the name of what was actually used. Must be idempotent."""
 
+    def take_degradation(self, target: Target) -> str | None:
+        """Why the last :meth:`suspend` of ``target`` held less than this mechanism promises
+        (its name in the answer says what held it), once; None when it held all."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the mechanism holds (libraries, threads)."""

@@ -10,25 +10,38 @@ to the tracer thread alone, so ``gpreempt run --mechanism kfd`` traces its comma
 daemon asks through a socket private to the launcher.
 
 The ABI (:mod:`.kfd_abi`) is copied from the upstream kernel's
-``include/uapi/linux/kfd_ioctl.h``; the tracer's calls (:mod:`.kfd_session`) follow
-``drivers/gpu/drm/amd/amdkfd/kfd_chardev.c`` (``kfd_ioctl_set_debug_trap``) and
-``kfd_debug.c``; this module holds the daemon's side and the mechanism. Nothing here has run
-on AMD hardware yet; ``gpreempt selftest`` checks it on the user's machine.
+``include/uapi/linux/kfd_ioctl.h``; the calls (:mod:`.kfd_device`, :mod:`.kfd_session`) follow
+``drivers/gpu/drm/amd/amdkfd/kfd_chardev.c`` (``kfd_ioctl_set_debug_trap``), ``kfd_debug.c``
+and ``kfd_device_queue_manager.c``, in the order ROCdbgapi uses them (``src/process.cpp``,
+``src/os_driver.cpp``); this module holds the daemon's side and the mechanism. Nothing here has
+run on AMD hardware yet; ``gpreempt selftest`` checks it on the user's machine.
 
 Kernel rules this code follows:
 
-* ``/dev/kfd`` is usable only by the process that opened it; the tracer opens its own.
+* ``/dev/kfd`` is usable only by the process that opened it (EBADF otherwise); the tracer
+  opens its own.
 * Every op but ``DISABLE`` needs the caller to be ``ptrace_parent`` of the target's main thread
-  (EPERM otherwise), and every op but ``ENABLE`` needs ``ENABLE`` first (EINVAL otherwise).
-* ``SUSPEND_QUEUES``/``RESUME_QUEUES`` need the target's ROCm runtime to have enabled itself
-  (``AMDKFD_IOC_RUNTIME_ENABLE``, at ``hsa_init``; EPERM before). A runtime that enables
-  itself while a debugger is attached waits until the debugger answers with
-  ``SEND_RUNTIME_EVENT(EC_PROCESS_RUNTIME)``; :class:`KfdSession` answers at once.
+  (EPERM otherwise), and every op but ``ENABLE`` needs ``ENABLE`` first (EINVAL otherwise);
+  a second ``ENABLE`` answers EALREADY.
+* A debug session belongs to the target's memory map: the kernel ends it when the target
+  execs (``kfd_process_notifier_release_internal`` calls ``kfd_dbg_trap_disable``). The tracer
+  opens it only after the command's exec and forgets it at any later exec.
+* Every queue carries ``EC_QUEUE_NEW`` from its creation until a queue snapshot clears it,
+  and ``SUSPEND_QUEUES`` refuses such a queue; every snapshot clears it.
+* ``SUSPEND_QUEUES``/``RESUME_QUEUES`` need the target's ROCm runtime to be enabled for
+  debugging (``AMDKFD_IOC_RUNTIME_ENABLE``, at ``hsa_init``; EPERM before, and EPERM for good
+  when activation failed: ``RUNTIME_ENABLED_BUSY``/``ERROR``). A runtime that enables itself
+  while a session is open waits until the debugger answers with
+  ``SEND_RUNTIME_EVENT(EC_PROCESS_RUNTIME)``; the tracer answers at once.
 * ``DISABLE`` resumes every queue still suspended, and the kernel disables every session of a
   debugger process that exits, however it exits: a queue is never left suspended by a
   launcher that dies.
 * Queues created after a suspension are not suspended; the mechanism also stops the task's
   CPU side (SIGSTOP of its process group) so that it creates none meanwhile.
+
+When the tracer cannot suspend, the task stays stopped by SIGSTOP (as mechanism ``signal``)
+rather than run; a suspension that held none of the task's queues is reported as a
+degradation (an event and a counter) and the task is held by signals from then on.
 """
 
 from __future__ import annotations
@@ -127,6 +140,12 @@ class KfdMechanism(Mechanism):
     stops_process = True
     unmaps_queues = True
 
+    def __init__(self) -> None:
+        #: Why the last suspension of a pid held less than kfd promises (taken by the daemon).
+        self._notes: dict[int, str] = {}
+        #: Tasks (pid, start time) whose queues kfd could not hold: signals only, from then on.
+        self._signal_only: set[tuple[int, int | None]] = set()
+
     @classmethod
     def create(cls, settings: MechanismSettings, others: Mapping[str, Mechanism]) -> Mechanism:
         from .kfd_session import check_available  # opens /dev/kfd: only when built
@@ -142,14 +161,41 @@ class KfdMechanism(Mechanism):
         request(target.pid, "ping")
 
     def suspend(self, target: Target) -> str:
+        """Stop the task's CPU side, then its queues. Whatever fails after the SIGSTOP, the
+        task stays stopped: the suspension is then one by signal (see :meth:`take_degradation`)."""
         send(target, signal.SIGSTOP)
+        key = (target.pid, target.start_time)
+        if key in self._signal_only:
+            return MechanismName.SIGNAL
         try:
-            request(target.pid, "suspend")
-        except BaseException:
-            with contextlib.suppress(NoSuchProcess):
-                send(target, signal.SIGCONT)
-            raise
+            answer = request(target.pid, "suspend")
+        except (MechanismFailed, MechanismUnavailable) as exc:
+            self._undo(target)
+            self._notes[target.pid] = f"kfd failed, held by SIGSTOP only: {exc}"
+            return MechanismName.SIGNAL
+        held, queues = _count(answer, "suspended"), _count(answer, "queues")
+        if queues and not held:
+            self._forget_gone()
+            self._signal_only.add(key)
+            self._notes[target.pid] = (
+                f"kfd suspended none of the task's {queues} GPU queues (refused: "
+                f"{answer.get('refused')}); held by SIGSTOP only, from now on"
+            )
+            return MechanismName.SIGNAL
+        if held < queues:
+            self._notes[target.pid] = f"kfd suspended {held} of the task's {queues} GPU queues"
         return self.name
+
+    def take_degradation(self, target: Target) -> str | None:
+        return self._notes.pop(target.pid, None)
+
+    def _undo(self, target: Target) -> None:
+        """After a failed suspension: map again whatever the tracer did unmap."""
+        with contextlib.suppress(MechanismFailed, MechanismUnavailable):
+            request(target.pid, "resume", timeout=2.0)
+
+    def _forget_gone(self) -> None:
+        self._signal_only = {k for k in self._signal_only if os.path.exists(f"/proc/{k[0]}")}
 
     def resume(self, target: Target) -> str:
         try:
@@ -160,3 +206,8 @@ class KfdMechanism(Mechanism):
             with contextlib.suppress(NoSuchProcess):
                 send(target, signal.SIGCONT)
         return self.name
+
+
+def _count(answer: dict[str, object], key: str) -> int:
+    value = answer.get(key, 0)
+    return value if isinstance(value, int) else 0

@@ -129,20 +129,45 @@ OP_QUERY_DEBUG_EVENT = 11
 OP_GET_QUEUE_SNAPSHOT = 13
 
 # enum kfd_dbg_trap_exception_code, and KFD_EC_MASK(ecode) = 1 << (ecode - 1)
+#: Set on every queue at creation (kfd_process_queue_manager.c, init_user_queue), debugged or
+#: not, and cleared only by a queue snapshot or suspension that names it in its clear mask
+#: (kfd_device_queue_manager.c, set_queue_snapshot_entry). While it is set,
+#: suspend_single_queue refuses the queue (-EBUSY: the id comes back with QUEUE_INVALID_MASK).
+EC_QUEUE_NEW = 31
 EC_PROCESS_RUNTIME = 48
 
 
 def ec_mask(code: int) -> int:
+    """KFD_EC_MASK(code)."""
     return 1 << (code - 1)
 
 
-# enum kfd_dbg_runtime_state
+# enum kfd_dbg_runtime_state (kfd_debug.c): ENABLED_BUSY and ENABLED_ERROR mean the runtime
+# enabled itself but kfd_dbg_trap_activate failed (a debug VMID held by another session, CU
+# masking); SUSPEND/RESUME_QUEUES then answer EPERM (kfd_chardev.c, kfd_ioctl_set_debug_trap).
 RUNTIME_DISABLED, RUNTIME_ENABLED, RUNTIME_ENABLED_BUSY, RUNTIME_ENABLED_ERROR = 0, 1, 2, 3
+RUNTIME_STATE_NAMES = {
+    RUNTIME_DISABLED: "RUNTIME_DISABLED",
+    RUNTIME_ENABLED: "RUNTIME_ENABLED",
+    RUNTIME_ENABLED_BUSY: "RUNTIME_ENABLED_BUSY",
+    RUNTIME_ENABLED_ERROR: "RUNTIME_ENABLED_ERROR",
+}
 # per-queue status bits SUSPEND/RESUME_QUEUES set in the id array
 QUEUE_ERROR_MASK = 1 << 30
 QUEUE_INVALID_MASK = 1 << 31
-#: Wave time allowed before preemption, in units of 1K GPU clocks; 0 keeps the driver's default.
-GRACE_PERIOD = 0
+#: Grace periods of SUSPEND_QUEUES, in units of 1K GPU clocks (kfd_ioctl.h). The kernel writes
+#: the value into CP_IQ_WAIT_TIME2.SCH_WAVE for the unmap unless it is USE_DEFAULT_GRACE_PERIOD
+#: (0xffffffff, kfd_device_queue_manager.h), and turns 0 into 1, the shortest the CP takes
+#: (kfd_packet_manager.c, pm_config_dequeue_wait_counts: "the debugger API ... sets 0 and expects
+#: a low value"). So 0 preempts at once, 0xffffffff lets waves run the driver's default first.
+GRACE_IMMEDIATE = 0
+GRACE_DEFAULT = 0xFFFFFFFF
+#: What gpreempt asks for: preempt at once, as ROCdbgapi does (os_driver.cpp,
+#: kfd_driver_t::suspend_queues). On a GPU scheduled by the HWS (not MES: MI200/MI300 are HWS)
+#: the unmap takes every user queue of every process on the device off the hardware and maps
+#: the others again (execute_queues_cpsch with KFD_UNMAP_QUEUES_FILTER_DYNAMIC_QUEUES), so
+#: this grace applies to the queues of the other processes on that GPU too (docs/amd.md).
+GRACE_PERIOD = GRACE_IMMEDIATE
 
 IoctlFn = Callable[[int, int, ctypes.Structure], int]
 

@@ -64,6 +64,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -331,6 +332,9 @@ struct GateState {
   uint64_t barrier_ns = 0;
   std::atomic<uint64_t> next_barrier_work{std::numeric_limits<uint64_t>::max()};
   std::atomic<uint64_t> barriers_put{0};
+  // HIP barriers that waited for the gate to open fully, a watched block's page being one HIP
+  // cannot map (see put_hip_waits)
+  std::atomic<uint64_t> barrier_fallbacks{0};
   // asleep: the operator callback is disabled (bound gates only; see sleep_loop)
   std::atomic<bool> asleep{false};
   std::atomic<uint64_t> sleeps{0};
@@ -1023,6 +1027,8 @@ struct HipApi {
   gpreempt_hip::WaitValue32 wait32 = nullptr;
   gpreempt_hip::HostRegister host_register = nullptr;
   gpreempt_hip::HostGetDevicePointer device_pointer = nullptr;
+  gpreempt_hip::GetDevice get_device = nullptr;
+  gpreempt_hip::DeviceGetAttribute device_attribute = nullptr;
 };
 
 // The API from one library (a handle from dlopen), or null if a function is missing.
@@ -1036,7 +1042,12 @@ const HipApi* hip_api_from(void* lib) {
       reinterpret_cast<gpreempt_hip::HostRegister>(dlsym(lib, gpreempt_hip::kHostRegisterName));
   a->device_pointer = reinterpret_cast<gpreempt_hip::HostGetDevicePointer>(
       dlsym(lib, gpreempt_hip::kHostGetDevicePointerName));
-  if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr) {
+  a->get_device =
+      reinterpret_cast<gpreempt_hip::GetDevice>(dlsym(lib, gpreempt_hip::kGetDeviceName));
+  a->device_attribute = reinterpret_cast<gpreempt_hip::DeviceGetAttribute>(
+      dlsym(lib, gpreempt_hip::kDeviceGetAttributeName));
+  if (a->wait32 == nullptr || a->host_register == nullptr || a->device_pointer == nullptr ||
+      a->get_device == nullptr || a->device_attribute == nullptr) {
     delete a;
     return nullptr;
   }
@@ -1061,9 +1072,32 @@ const HipApi* hip_api() {
   return api;
 }
 
-// The device address of a control block word for HIP (mu held): its page is registered once
-// (mapped, portable) and stays registered, as on the CUDA path. Watched blocks are mapped
-// read-only; HIP has no read-only registration flag before ROCm 6, so none is asked for.
+// Whether the current device runs hipStreamWaitValue32, as HIP says to ask it
+// (hipDeviceAttributeCanUseStreamWaitValue); `why` says why not.
+bool hip_waits_supported(const HipApi* hip, std::string* why) {
+  int device = 0;
+  int value = 0;
+  gpreempt_hip::Result r = hip->get_device(&device);
+  if (r == 0) {
+    r = hip->device_attribute(&value, gpreempt_hip::kAttrCanUseStreamWaitValue, device);
+  }
+  if (r != 0) {
+    *why = "hipDeviceGetAttribute(hipDeviceAttributeCanUseStreamWaitValue) failed (HIP error " +
+           std::to_string(r) + "): this HIP runtime cannot say whether it runs stream waits";
+    return false;
+  }
+  if (value == 0) {
+    *why = "device " + std::to_string(device) +
+           " cannot run hipStreamWaitValue32 (hipDeviceAttributeCanUseStreamWaitValue is 0)";
+    return false;
+  }
+  return true;
+}
+
+// The device address of a control block word for HIP (mu held), or null where HIP cannot map
+// its page: the page is registered once (mapped, portable) and stays registered, as on the
+// CUDA path, and a refusal is remembered (address 0) so that it is not asked again. HIP pins
+// the page for writing, so the page of a watched block, mapped read-only, is refused.
 void* hip_device_word(GateState* g, const HipApi* hip, const uint8_t* word) {
   const uintptr_t page = reinterpret_cast<uintptr_t>(word) & ~(kPage - 1);
   auto it = g->device_pages.find(page);
@@ -1073,11 +1107,13 @@ void* hip_device_word(GateState* g, const HipApi* hip, const uint8_t* word) {
         host, kPage, gpreempt_hip::kRegisterPortable | gpreempt_hip::kRegisterMapped);
     void* device = nullptr;
     if ((r != 0 && r != gpreempt_hip::kAlreadyRegistered) ||
-        hip->device_pointer(&device, host, 0) != 0 || device == nullptr) {
-      throw std::runtime_error("cannot map a control block for the GPU (HIP error " +
-                               std::to_string(r) + ")");
+        hip->device_pointer(&device, host, 0) != 0) {
+      device = nullptr;
     }
     it = g->device_pages.emplace(page, reinterpret_cast<uintptr_t>(device)).first;
+  }
+  if (it->second == 0) {
+    return nullptr;
   }
   return reinterpret_cast<void*>(it->second + (reinterpret_cast<uintptr_t>(word) - page));
 }
@@ -1086,9 +1122,21 @@ void* hip_device_word(GateState* g, const HipApi* hip, const uint8_t* word) {
 // bit 0 clear (on a complete watch list) or zero, then each watched task's activity words at
 // zero. The CUDA path waits for bit 0 with WAIT_VALUE_NOR; here an equality under the mask
 // 0x1 says the same, without relying on HIP's NOR.
+//
+// Where HIP cannot map a watched block's page (read-only, see hip_device_word), the GPU cannot
+// read that task's activity: the barrier then waits for the own word at zero alone, i.e. for
+// the daemon to open the gate, which holds the GPU through the whole suspension rather than
+// only while the watched tasks are active, and the daemon's latency replaces the GPU's. Each
+// such barrier is counted (stats: barrier_fallbacks), and the first one said on stderr.
 void put_hip_waits(GateState* g, const HipApi* hip, void* stream) {
   auto wait = [&](void* address, uint32_t mask) {
     const gpreempt_hip::Result r = hip->wait32(stream, address, 0, gpreempt_hip::kWaitEq, mask);
+    if (r == gpreempt_hip::kErrorInvalidValue) {
+      throw std::runtime_error(
+          "hipStreamWaitValue32 refused the control block (hipErrorInvalidValue): this HIP "
+          "runtime waits only on memory from hipMallocSignalMemory (GPU_STREAMOPS_CP_WAIT set, "
+          "or an older CLR)");
+    }
     if (r != 0) {
       throw std::runtime_error("hipStreamWaitValue32 failed (HIP error " + std::to_string(r) +
                                ")");
@@ -1097,13 +1145,33 @@ void put_hip_waits(GateState* g, const HipApi* hip, void* stream) {
   const WatchList* list = g->watch.load(std::memory_order_acquire);
   const uint8_t* own = g->ctl + kOffGateClosed;
   const bool complete = list != nullptr && list->version != 0;
-  wait(hip_device_word(g, hip, own), complete ? kClosed : gpreempt_hip::kAllBits);
-  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
+  void* own_word = hip_device_word(g, hip, own);
+  if (own_word == nullptr) {
+    throw std::runtime_error("HIP cannot map this process's control block for the GPU "
+                             "(hipHostRegister refused its page)");
+  }
+  std::vector<void*> watched;
+  bool unreadable = false;
+  for (size_t i = 0; list != nullptr && i < list->n && !unreadable; ++i) {
     const uint8_t* b = list->blocks[i];
-    wait(hip_device_word(g, hip, b + kOffRequests), gpreempt_hip::kAllBits);
+    watched.push_back(hip_device_word(g, hip, b + kOffRequests));
     if (load32(b, kOffHinted) == 0) {  // its automatic activity counts too (wants_gpu)
-      wait(hip_device_word(g, hip, b + kOffAutoActive), gpreempt_hip::kAllBits);
+      watched.push_back(hip_device_word(g, hip, b + kOffAutoActive));
     }
+    unreadable = watched.back() == nullptr;  // both words lie on the block's one page
+  }
+  if (unreadable) {
+    if (g->barrier_fallbacks.fetch_add(1, std::memory_order_relaxed) == 0) {
+      std::fprintf(stderr,
+                   "gpreempt: HIP cannot map a watched task's control block (read-only) for the "
+                   "GPU: stream barriers wait for the daemon to open the gate instead\n");
+    }
+    wait(own_word, gpreempt_hip::kAllBits);
+    return;
+  }
+  wait(own_word, complete ? kClosed : gpreempt_hip::kAllBits);
+  for (void* address : watched) {
+    wait(address, gpreempt_hip::kAllBits);
   }
 }
 
@@ -1696,6 +1764,7 @@ py::dict stats() {
   d["captures"] = g->captures.load();
   d["barriers"] = g->barriers.load();
   d["barriers_put"] = g->barriers_put.load();
+  d["barrier_fallbacks"] = g->barrier_fallbacks.load();
   d["asleep"] = g->asleep.load();
   d["sleeps"] = g->sleeps.load();
   d["asleep_barriers"] = g->asleep_barriers.load();
@@ -1783,9 +1852,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (g == nullptr || g->impl == nullptr || !g->cfg.bound) {
           return false;
         }
-        const bool on =
-            barrier_ms > 0.0 && (hip ? hip_api() != nullptr : cu_api() != nullptr);
+        bool on = barrier_ms > 0.0 && (hip ? hip_api() != nullptr : cu_api() != nullptr);
+        std::string refused;
+        if (hip && barrier_ms > 0.0) {  // HIP's own test, and never a silent refusal
+          if (!on) {
+            refused = "the HIP runtime offers no hipStreamWaitValue32";
+          } else if (!hip_waits_supported(hip_api(), &refused)) {
+            on = false;
+          }
+        }
         std::lock_guard<std::mutex> lock(g->mu);
+        if (!refused.empty()) {
+          g->error = "barrier: " + refused;  // events still work: not failed
+        }
         g->hip = hip;
         g->barrier_ns = static_cast<uint64_t>(std::max(0.0, barrier_ms) * 1e6);
         g->barriers.store(on);
@@ -1797,7 +1876,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("barrier_ms"), py::arg("hip") = false);
   // Tests: queue one barrier's HIP waits on `stream` through the HIP library at `library` (a
   // fake that records its calls, on machines without ROCm), for the control block at `own`
-  // watching the blocks at `watched` (list `version`). Returns the number of pages registered.
+  // watching the blocks at `watched` (list `version`). Returns the number of pages asked for
+  // and the barriers that fell back to the own word alone.
   m.def("_hip_waits_for_test", [](const std::string& library, uintptr_t stream, uintptr_t own,
                                   const std::vector<uintptr_t>& watched, uint32_t version) {
     const HipApi* hip = hip_api_from(dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
@@ -1816,7 +1896,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g->watch.store(watched.empty() ? nullptr : &list);
     std::lock_guard<std::mutex> lock(g->mu);
     put_hip_waits(g.get(), hip, reinterpret_cast<void*>(stream));
-    return g->device_pages.size();
+    return py::make_tuple(g->device_pages.size(), g->barrier_fallbacks.load());
+  });
+  // Tests: whether the HIP library at `library` says the current device runs stream waits,
+  // and why not.
+  m.def("_hip_support_for_test", [](const std::string& library) {
+    const HipApi* hip = hip_api_from(dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
+    if (hip == nullptr) {
+      throw std::runtime_error(library + " does not offer the HIP functions the gate uses");
+    }
+    std::string why;
+    const bool ok = hip_waits_supported(hip, &why);
+    return py::make_tuple(ok, why);
   });
   m.def("watch", [](const std::vector<uintptr_t>& addresses, uint32_t version) {
     GateState* g = g_gate.load();
