@@ -71,6 +71,12 @@ class Host:
     def log(self, line: str) -> None:
         self.logged.append(line)
 
+    def record_stops(self, about_to: dict[int, str]) -> bool:
+        return True  # the stop is recorded before it is made (persist.py)
+
+    def state_files_error(self) -> str | None:
+        return None
+
 
 def test_a_degraded_suspension_is_an_event_and_a_counter() -> None:
     host = Host(HeldBySignal())
