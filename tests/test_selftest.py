@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import gp_env, gpreempt
 
-from gpreempt.cli.selftest import _check_driver_gate
+from gpreempt.cli.selftest import DRIVER_GATE, _env
 from gpreempt.mechanisms.kfd_abi import KFD_DEVICE
 
 NO_GPU = not Path("/dev/nvidiactl").exists() and not Path(KFD_DEVICE).exists()
@@ -57,9 +57,17 @@ def test_without_a_gpu_nothing_but_signal_is_claimed(tmp_path) -> None:
     assert code == 0  # unproven is not a failure
 
 
-def test_the_driver_gate_has_its_slot_and_is_unproven() -> None:
-    row = _check_driver_gate()
-    assert row.mechanism == "driver-gate" and row.verdict == "unproven" and row.note
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
+def test_the_driver_gate_is_unproven_without_an_nvidia_gpu(tmp_path) -> None:
+    _code, report = selftest(tmp_path, DRIVER_GATE)
+    (row,) = report["rows"]
+    assert row["verdict"] == "unproven" and "NVIDIA" in row["note"]
+
+
+def test_the_driver_gate_job_runs_without_the_operator_hook(tmp_path) -> None:
+    # only the driver-level gate may hold it, so that its row proves the driver-level gate
+    assert _env(tmp_path, DRIVER_GATE)["GPREEMPT_GATE"] == "0"
+    assert "GPREEMPT_GATE" not in _env(tmp_path, "gate") or os.environ.get("GPREEMPT_GATE")
 
 
 def test_table_fits_80_columns(tmp_path) -> None:

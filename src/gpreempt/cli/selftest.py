@@ -16,29 +16,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import SOCKET_NAME
 from ..names import MechanismName
 from ._selftest_probe import JOB, KIND, KIND_GPU, PID, Counter, Workspace, die_with_parent
+from ._selftest_rows import FAILS, UNPROVEN, WORKS, Machine, Row, report
 
+#: The driver-level gate's row: the gate job with PyTorch's operator hook off, so that only the
+#: driver-level gate (CUPTI, every launch) can hold it.
+DRIVER_GATE = "driver-gate"
 MECHANISMS = (
     MechanismName.GATE,
     MechanismName.LOCK,
     MechanismName.SIGNAL,
     MechanismName.KFD,
-    "driver-gate",
+    DRIVER_GATE,
 )
-WORKS, FAILS, UNPROVEN = "works", "FAILS", "unproven"
 
 #: How long a job may take to start (a first GPU run builds the gate's extension).
 START_TIMEOUT_S = 180.0
@@ -47,34 +47,6 @@ START_TIMEOUT_S = 180.0
 SETTLE_S = 0.3
 STILL_S = 1.0
 RESUME_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Row:
-    mechanism: str
-    verdict: str = UNPROVEN
-    stopped: bool | None = None
-    resumed: bool | None = None
-    #: Steps launched but not executed while the GPU stood still (work it held back).
-    pending: int | None = None
-    #: Queues the kfd tracer held.
-    queues: int | None = None
-    suspend_ms: float | None = None
-    note: str = ""
-
-    @property
-    def works(self) -> bool:
-        return self.verdict == WORKS
-
-
-@dataclass
-class Machine:
-    gpu: str  # "nvidia", "amd" or ""
-    torch: bool
-
-    def describe(self) -> str:
-        kind = {"nvidia": "NVIDIA GPU", "amd": "AMD GPU (/dev/kfd)"}.get(self.gpu, "no GPU")
-        return f"{kind}, {'with' if self.torch else 'without'} PyTorch"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -108,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    _report(rows, machine, args.json)
+    report(rows, machine, args.json)
     return 1 if any(r.verdict == FAILS for r in rows) else 0
 
 
@@ -127,9 +99,6 @@ def _run(mechanisms: tuple[str, ...], machine: Machine) -> list[Row]:
     rows: list[Row] = []
     todo: list[tuple[Row, str]] = []
     for mechanism in mechanisms:
-        if mechanism == "driver-gate":
-            rows.append(_check_driver_gate())
-            continue
         row, mode = Row(mechanism), ""
         why = _why_unproven(mechanism, machine)
         if why:
@@ -165,9 +134,17 @@ def _why_unproven(mechanism: str, machine: Machine) -> str:
             MechanismName.GATE: "no GPU: nothing to hold on a GPU",
             MechanismName.LOCK: "no NVIDIA GPU",
             MechanismName.KFD: "no AMD GPU (/dev/kfd absent)",
+            DRIVER_GATE: "no NVIDIA GPU",
         }[mechanism]
     if not machine.torch:
         return "the GPU job needs PyTorch"
+    if mechanism == DRIVER_GATE:
+        from ..client.gate.driver_build import DriverGateUnavailable, build
+
+        try:
+            build()
+        except DriverGateUnavailable as exc:
+            return str(exc)
     if mechanism == MechanismName.LOCK:
         from ..mechanisms.cuda_driver import try_driver
 
@@ -184,12 +161,6 @@ def _why_unproven(mechanism: str, machine: Machine) -> str:
     return ""
 
 
-def _check_driver_gate() -> Row:
-    """The driver-level launch gate (every launch, whatever the framework): not built yet, so
-    unproven; its check goes here, on the same job as the others, once it exists."""
-    return Row("driver-gate", note="no driver-level launch gate in this build")
-
-
 def _env(runtime: Path, mechanism: str) -> dict[str, str]:
     from ..client.launcher import _env_with_package
 
@@ -197,6 +168,8 @@ def _env(runtime: Path, mechanism: str) -> dict[str, str]:
     env["GPREEMPT_RUNTIME_DIR"] = str(runtime)
     if mechanism == MechanismName.GATE:
         env.setdefault("GPREEMPT_GATE_BARRIER_MS", "1")  # stream barriers, to prove them too
+    if mechanism == DRIVER_GATE:
+        env["GPREEMPT_GATE"] = "0"  # no operator hook: only the driver-level gate holds it
     return env
 
 
@@ -233,7 +206,8 @@ def _exercise(row: Row, runtime: Path, workspace: Workspace, mode: str) -> Row |
     counter = workspace.counter(name)
     log_path = workspace.path / f"{name}.log"
     command = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(runtime)]
-    command += ["--mechanism", row.mechanism, "--priority", "low", "--name", name]
+    under = MechanismName.GATE if row.mechanism == DRIVER_GATE else row.mechanism
+    command += ["--mechanism", under, "--priority", "low", "--name", name]
     command += ["--", sys.executable, "-c", JOB, str(counter.path), mode]
     with open(log_path, "wb") as log:
         job = subprocess.Popen(
@@ -285,7 +259,11 @@ def _hold_and_release(
     after = counter.executed
     row.resumed = _wait(lambda: counter.executed > after, job, RESUME_TIMEOUT_S)
     gpu_counted = mode == "gpu" and counter.word(KIND) == KIND_GPU
-    _judge(row, gpu_counted, ran_on, _last_mechanism(runtime, name))
+    task = _task(runtime, name)
+    _judge(row, gpu_counted, ran_on, task.get("last_mechanism"))
+    driver = (task.get("gate") or {}).get("driver")
+    if row.mechanism == DRIVER_GATE and row.verdict == WORKS and driver != "on":
+        row.verdict, row.note = UNPROVEN, f"the driver-level gate was {driver}, not on"
     if row.mechanism == MechanismName.GATE:
         return _barrier_row(row, gpu_counted)
     return None
@@ -340,15 +318,16 @@ def _held_queues(pid: int) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _last_mechanism(runtime: Path, name: str) -> str | None:
+def _task(runtime: Path, name: str) -> dict[str, Any]:
+    """The task called ``name`` as ``gpreempt status --json`` shows it ({} if none)."""
     from ..client.api import status
     from ..errors import GpreemptError
 
     with contextlib.suppress(GpreemptError):
         for task in status(runtime_dir=runtime).get("tasks", []):
             if task.get("name") == name:
-                return task.get("last_mechanism")
-    return None
+                return dict(task)
+    return {}
 
 
 def _wait(ready: Any, job: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -377,25 +356,3 @@ def _control(runtime: Path, verb: str, name: str) -> str | None:
 def _why(log: Path, default: str) -> str:
     lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
     return f"{default}: {lines[-1]}" if lines else default
-
-
-def _report(rows: list[Row], machine: Machine, as_json: bool) -> None:
-    if as_json:
-        listed = [asdict(r) | {"works": r.works} for r in rows]
-        print(json.dumps({"machine": machine.describe(), "rows": listed}))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    width = min(80, shutil.get_terminal_size((80, 24)).columns)
-    table = Table(title=f"gpreempt selftest: {machine.describe()}", title_justify="left")
-    for column in ("mechanism", "result", "stops", "resumes", "suspend", "note"):
-        table.add_column(column, overflow="fold")
-
-    def mark(value: bool | None) -> str:
-        return "-" if value is None else ("yes" if value else "NO")
-
-    for r in rows:
-        ms = f"{r.suspend_ms:.0f} ms" if r.suspend_ms is not None else "-"
-        table.add_row(r.mechanism, r.verdict, mark(r.stopped), mark(r.resumed), ms, r.note)
-    Console(width=width).print(table)

@@ -1,0 +1,59 @@
+"""The rows of ``gpreempt selftest`` and how they are shown (a table of 80 columns, or JSON)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+
+WORKS, FAILS, UNPROVEN = "works", "FAILS", "unproven"
+
+
+@dataclass
+class Row:
+    mechanism: str
+    verdict: str = UNPROVEN
+    stopped: bool | None = None
+    resumed: bool | None = None
+    #: Steps launched but not executed while the GPU stood still (work it held back).
+    pending: int | None = None
+    #: Queues the kfd tracer held.
+    queues: int | None = None
+    suspend_ms: float | None = None
+    note: str = ""
+
+    @property
+    def works(self) -> bool:
+        return self.verdict == WORKS
+
+
+@dataclass
+class Machine:
+    gpu: str  # "nvidia", "amd" or ""
+    torch: bool
+
+    def describe(self) -> str:
+        kind = {"nvidia": "NVIDIA GPU", "amd": "AMD GPU (/dev/kfd)"}.get(self.gpu, "no GPU")
+        return f"{kind}, {'with' if self.torch else 'without'} PyTorch"
+
+
+def report(rows: list[Row], machine: Machine, as_json: bool) -> None:
+    if as_json:
+        listed = [asdict(r) | {"works": r.works} for r in rows]
+        print(json.dumps({"machine": machine.describe(), "rows": listed}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    width = min(80, shutil.get_terminal_size((80, 24)).columns)
+    table = Table(title=f"gpreempt selftest: {machine.describe()}", title_justify="left")
+    for column in ("mechanism", "result", "stops", "resumes", "suspend", "note"):
+        table.add_column(column, overflow="fold")
+
+    def mark(value: bool | None) -> str:
+        return "-" if value is None else ("yes" if value else "NO")
+
+    for r in rows:
+        ms = f"{r.suspend_ms:.0f} ms" if r.suspend_ms is not None else "-"
+        table.add_row(r.mechanism, r.verdict, mark(r.stopped), mark(r.resumed), ms, r.note)
+    Console(width=width).print(table)
