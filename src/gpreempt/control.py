@@ -27,7 +27,7 @@ moment none is, without waiting for the daemon to notice and open it: the daemon
 a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
 daemon (:func:`released_by_watch`).
 
-Layout (little endian, 64 bytes):
+Layout (little endian, 128 bytes):
 
 ======  =====  ==================================================================
 offset  type   meaning
@@ -56,6 +56,9 @@ offset  type   meaning
 60      u32    barriers_on: 1 while the gate puts stream barriers, which hold its
                queued work on the GPU; the daemon's driver-lock backstop then
                leaves the task alone (client)
+124     u32    marker: what marks the process's requests without code (client):
+               0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
+               server's); :data:`MARKERS`
 ======  =====  ==================================================================
 """
 
@@ -72,7 +75,7 @@ from typing import Any
 
 from . import futex
 
-SIZE = 64
+SIZE = 128
 #: Seals a control block must carry before the daemon maps it.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: Mode of a control block's inode: only its owner (and root) may reopen it writable.
@@ -94,6 +97,10 @@ OFF_HINTED = 48
 OFF_WINDOW_SHARE_US = 52
 OFF_SLEEP_OK = 56
 OFF_BARRIERS_ON = 60
+OFF_MARKER = 124
+
+#: ``marker`` word -> the name ``status`` gives it.
+MARKERS = {1: "asgi", 2: "grpc"}
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
@@ -262,6 +269,11 @@ class ControlBlock:
         return self._get32(OFF_BARRIERS_ON) != 0
 
     @property
+    def marker(self) -> str:
+        """What marks the process's requests without code (:data:`MARKERS`), '' if nothing."""
+        return MARKERS.get(self._get32(OFF_MARKER), "")
+
+    @property
     def gate_installed(self) -> bool:
         """Whether an in-process gate watches this block (daemon)."""
         return self._get32(OFF_GATE_INSTALLED) != 0
@@ -326,6 +338,14 @@ class ControlBlock:
         self._set32(OFF_BARRIERS_ON, 1 if on else 0)
         self._set32(OFF_GATE_INSTALLED, 1 if on else 0)
         self.ring()
+
+    def set_marker(self, name: str) -> None:
+        """Say what marks this process's requests without code (client): a name of
+        :data:`MARKERS`, or '' for nothing."""
+        code = next((c for c, n in MARKERS.items() if n == name), 0)
+        if name and not code:
+            raise ValueError(f"unknown marker {name!r}: one of {', '.join(MARKERS.values())}")
+        self._set32(OFF_MARKER, code)
 
     def ring(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
