@@ -40,8 +40,9 @@ async def stream(request):
     return StreamingResponse(lines())
 
 app = Starlette(routes=[Route("/slow", slow), Route("/stream", stream)])
-sock = socket.socket()
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
 sock.bind(("127.0.0.1", 0))
+sock.listen(16)
 pathlib.Path(sys.argv[1]).write_text(str(sock.getsockname()[1]))
 server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
 asyncio.run(server.serve(sockets=[sock]))
