@@ -10,10 +10,15 @@
 # request()), sleep-often (light and compiled with the trainers' gates let sleep after
 # SLEEP_AFTER s of the server's idleness, default 0.001: they then sleep between requests
 # too), budget (light without request() under the daemon's in-flight budgets BUDGETS, default
-# 1 and 0.5 ms).
+# 1 and 0.5 ms), servers (servers as people run them, gpreempt.bench.servers: the eager
+# ResNet-50 and GPT-2 `generate` of NEW_TOKENS tokens, default 8, in process with and without
+# request(); the eager ResNet-50 behind FastAPI under uvicorn, a request one HTTP POST from the
+# open-loop Poisson client, its requests marked with no code, unmarked with
+# GPREEMPT_AUTO_REQUESTS=0, and with request() by hand; HTTP_FN=gpreempt.bench.servers:gpt2_generate
+# serves GPT-2 over HTTP instead; needs fastapi, uvicorn and, for generate, transformers).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
-# and light6-no-request; EAGER_SCENARIOS chooses eager's). Each cell's results.json goes to
+# and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs 400 requests). Each cell's results.json goes to
 # $OUT/<cell>/ (table.py prints it); a table is printed. Each cell's Case-B gate counters go to
 # $OUT/<cell>/gate_counters.json.
 set -u
@@ -92,6 +97,20 @@ for group in "$@"; do
     eager-grace) for grace in ${GRACES:-0 0.5 2}; do
         GPREEMPT_IDLE_GRACE_MS=$grace cell "eager-grace-$grace" 300 --repeats 2 --case-a eager \
           --case-b transformer-sync --scenarios gpreempt-no-request
+      done ;;
+    servers)
+      python3 -c "import fastapi, uvicorn, transformers" 2>/dev/null \
+        || echo "servers: pip install fastapi uvicorn transformers first"
+      cell servers-eager 570 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
+        --scenarios gpreempt,gpreempt-no-request
+      GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 --repeats "$REPEATS" \
+        --requests 400 --case-a-fn gpreempt.bench.servers:gpt2_generate \
+        --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request
+      for marking in http http_unmarked http_by_hand; do
+        GPREEMPT_BENCH_HTTP_FN=${HTTP_FN:-gpreempt.bench.servers:resnet_eager} \
+          cell "servers-${marking//_/-}" 720 --repeats "$REPEATS" \
+          --case-a-fn "gpreempt.bench.servers:$marking" --case-b transformer-sync \
+          --scenarios gpreempt-no-request
       done ;;
     *) echo "unknown group $group"; exit 2 ;;
   esac

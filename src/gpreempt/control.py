@@ -67,7 +67,10 @@ offset  type   meaning
 88      u64    driver_wait_ns: nanoseconds they were held (client)
 96      u64    driver_barriers: stream barriers it put (client)
 104     u32    driver_streams: streams it follows (client)
-108     --     (free up to 128)
+108     --     (free up to 124)
+124     u32    marker: what marks the process's requests without code (client):
+               0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
+               server's); :data:`MARKERS`
 ======  =====  ==================================================================
 """
 
@@ -117,6 +120,11 @@ OFF_DRIVER_STREAMS = 104
 #: ``driver_gate`` values.
 DRIVER_NONE, DRIVER_ON, DRIVER_UNAVAILABLE, DRIVER_RELEASED, DRIVER_FAILED = range(5)
 DRIVER_STATES = ("none", "on", "unavailable", "released", "failed")
+
+OFF_MARKER = 124
+
+#: ``marker`` word -> the name ``status`` gives it.
+MARKERS = {1: "asgi", 2: "grpc"}
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
@@ -298,6 +306,11 @@ class ControlBlock:
         return self._get32(OFF_BARRIERS_ON) != 0
 
     @property
+    def marker(self) -> str:
+        """What marks the process's requests without code (:data:`MARKERS`), '' if nothing."""
+        return MARKERS.get(self._get32(OFF_MARKER), "")
+
+    @property
     def gate_installed(self) -> bool:
         """Whether an in-process gate watches this block (daemon)."""
         return self._get32(OFF_GATE_INSTALLED) != 0
@@ -378,6 +391,14 @@ class ControlBlock:
         self._set32(OFF_BARRIERS_ON, 1 if on else 0)
         self._set32(OFF_GATE_INSTALLED, 1 if on else 0)
         self.ring()
+
+    def set_marker(self, name: str) -> None:
+        """Say what marks this process's requests without code (client): a name of
+        :data:`MARKERS`, or '' for nothing."""
+        code = next((c for c, n in MARKERS.items() if n == name), 0)
+        if name and not code:
+            raise ValueError(f"unknown marker {name!r}: one of {', '.join(MARKERS.values())}")
+        self._set32(OFF_MARKER, code)
 
     def ring(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):

@@ -15,8 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
         help="show tasks per GPU with state and preemption counters",
-        description="Show every registered task per GPU: pid, name, priority, state, "
-        "mechanism, preemptions, total time suspended, last suspend latency.",
+        description="Show every registered task per GPU: pid, name, priority, state, what "
+        "marks it active, mechanism, preemptions, total time suspended, last suspend latency.",
     )
     add_runtime_dir(parser)
     parser.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
@@ -74,6 +74,9 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
         Column("prio", rank=2),
         Column("state"),
         Column("active", rank=4),
+        # what says when it is active: a server framework's requests (asgi, grpc), request(),
+        # its launches, always
+        Column("marked by", rank=5),
         Column("mechanism", rank=5),
         Column("preempted", "right", rank=3),
         Column("suspended s", "right", rank=3),
@@ -102,6 +105,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
                     task["priority_name"],
                     styled_state(task),
                     "yes" if task["active"] else "no",
+                    str(task.get("marker") or "-"),
                     mechanism,
                     str(task["preemptions"]),
                     f"{task['suspended_seconds']:.3f}",

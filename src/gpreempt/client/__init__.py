@@ -8,6 +8,8 @@
   by ``gpreempt run`` (through ``_agent_site/sitecustomize.py``), or, in a process that
   imports CuPy and not PyTorch, :mod:`.stream_barriers` (driver calls in
   :mod:`.cuda_stream_ops`).
+- :mod:`.markers`: the requests of a server that a framework runs (ASGI servers and apps,
+  gRPC servers) marked as ``request()`` marks them, with no code; :mod:`.agent` arms them.
 - :mod:`.launcher`: ``gpreempt run`` itself, which starts the command and keeps it safe
   whatever happens to the daemon.
 - :mod:`.scheduler`: ``GPUScheduler``, the policies between threads of one process.

@@ -3,9 +3,11 @@
 Once PyTorch is imported it opens the session and installs the launch gate, so the daemon
 can stop this process's launches (gate mechanism) and learn when it uses the GPU
 (automatic activity). A process that imports CuPy and not PyTorch gets stream barriers
-instead (:mod:`.stream_barriers`), if it may be preempted. Everything here is best-effort:
-a failure leaves the program running as if it were not under gpreempt, with one line on
-stderr.
+instead (:mod:`.stream_barriers`), if it may be preempted. A server framework's import
+(uvicorn, hypercorn, Starlette, FastAPI, grpcio) arms its request marker
+(:mod:`.markers`), which marks each request of a task that preempts others as
+``gpreempt.request()`` does. Everything here is best-effort: a failure leaves the program
+running as if it were not under gpreempt, with one line on stderr.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ENV_AUTO_ACTIVITY, ENV_GATE, ENV_TASK_ID, env_switch, idle_grace_ms
 from ..priority import NAMED
-from . import session
+from . import markers, session
 
 if TYPE_CHECKING:
     from .gate import GateConfig
@@ -154,8 +156,21 @@ def on_cupy_imported(cupy: ModuleType) -> None:
     _arm(start_barriers_for, "stream barriers not started")
 
 
+def on_server_imported(module: ModuleType) -> None:
+    """A server framework's module (:data:`.markers.SERVER_HOOKS`) is imported: arm its
+    request marker, which decides when the server starts whether this process marks."""
+    try:
+        markers.arm(module)
+    except Exception as exc:  # the server must run even if this cannot
+        print(f"gpreempt: requests of {module.__name__} not marked: {exc}", file=sys.stderr)
+
+
 #: What to do once each of these modules is imported.
-ON_IMPORT = {"torch": on_torch_imported, "cupy": on_cupy_imported}
+ON_IMPORT = {
+    "torch": on_torch_imported,
+    "cupy": on_cupy_imported,
+    **dict.fromkeys(markers.SERVER_HOOKS, on_server_imported),
+}
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):

@@ -158,6 +158,21 @@ class Task:
         return any(c.hinted for c in self.controls.values())
 
     @property
+    def marker(self) -> str:
+        """What says when the task is active, as ``status`` shows it: the server framework
+        whose requests a process marks without code (``asgi``, ``grpc``), else ``always``
+        (``--always-active``), ``request()`` (marked by hand), ``launches`` (its GPU work, seen
+        by its gate), or ``none``."""
+        marked = sorted({c.marker for c in self.controls.values()} - {""})
+        if marked:
+            return "+".join(marked)
+        if self.always_active:
+            return "always"
+        if self.hinted:
+            return "request()"
+        return "launches" if any(c.gate_installed for c in self.controls.values()) else "none"
+
+    @property
     def active(self) -> bool:
         """Whether the task wants the GPU now."""
         return self.always_active or any(c.is_active() for c in self.controls.values())
@@ -265,6 +280,7 @@ class Task:
             "suspend_error": self.suspend_error,
             "waiting_turn": self.waiting_turn,
             "active": self.active,
+            "marker": self.marker,
             "always_active": self.always_active,
             "held": self.held,
             "preemptions": self.preemptions,
