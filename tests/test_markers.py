@@ -461,4 +461,4 @@ def test_status_shows_the_marker(capsys, monkeypatch) -> None:
     }  # fmt: skip
     print_status({"daemon": daemon, "tasks": [server]})
     out = capsys.readouterr().out
-    assert "marked by" in out and "asgi" in out
+    assert "active/by" in out and "no/asgi" in out

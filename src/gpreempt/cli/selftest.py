@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-m",
         action="append",
         choices=MECHANISMS,
-        help="test only this mechanism (repeatable; default: all)",
+        metavar="NAME",
+        help=f"test only this one, of {', '.join(MECHANISMS)} (repeatable; default: all)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)

@@ -73,10 +73,9 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
         Column("name"),
         Column("prio", rank=2),
         Column("state"),
-        Column("active", rank=4),
-        # what says when it is active: a server framework's requests (asgi, grpc), request(),
-        # its launches, always
-        Column("marked by", rank=5),
+        # and what says when it is: a server framework's requests (asgi, grpc), request(), its
+        # launches, always
+        Column("active/by", rank=4),
         Column("mechanism", rank=5),
         Column("preempted", "right", rank=3),
         Column("suspended s", "right", rank=3),
@@ -104,8 +103,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
                     escape(task["name"]) + job_note(task),
                     task["priority_name"],
                     styled_state(task),
-                    "yes" if task["active"] else "no",
-                    str(task.get("marker") or "-"),
+                    ("yes" if task["active"] else "no") + "/" + str(task.get("marker") or "-"),
                     mechanism,
                     str(task["preemptions"]),
                     f"{task['suspended_seconds']:.3f}",
