@@ -49,6 +49,7 @@ from .reconcile import Reconciler
 from .registration import Registrar
 from .registry import Registry, Task
 from .runtime_claim import RuntimeClaim
+from .runtime_guard import check_runtime_dir, listen
 
 #: How often the loop checks that tasks' processes still exist.
 LIVENESS_PERIOD_S = 0.2
@@ -101,7 +102,7 @@ class Daemon:
         self.registry = Registry()
         self.selector = selectors.DefaultSelector()
         self.started_at = time.time()
-        self._stopping = False
+        self.stopping = False
         #: Why the daemon stopped serving by itself (its runtime directory lost), if it did.
         self.lost: str | None = None
         self._last_liveness = 0.0
@@ -164,7 +165,7 @@ class Daemon:
             )
             self.log(f"process {record.pid} ({record.name}) left suspended: {outcome}")
 
-        self._listen()
+        listen(self)
 
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
@@ -221,14 +222,14 @@ class Daemon:
             self.dirty = True
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self._stopping = True
+        self.stopping = True
 
     def serve_forever(self) -> None:
         """Serve until a signal stops the daemon. A daemon that had to stop because it lost
         its runtime directory to another raises GpreemptError once it resumed everything, so
         that it exits nonzero (a supervisor with ``Restart=on-failure`` starts it again)."""
         try:
-            while not self._stopping:
+            while not self.stopping:
                 self._serve_once()
         finally:
             self.shutdown()
@@ -274,7 +275,7 @@ class Daemon:
             self._last_liveness = now
             self.census = GroupCensus()
             self._guarded("liveness", self.lifecycle.check_liveness)
-            self._guarded("runtime directory", self._check_runtime_dir)
+            self._guarded("runtime directory", check_runtime_dir, self)
         wake_at = self.reconciler.wake_at
         if self.dirty or (wake_at is not None and now >= wake_at):
             self.dirty = False
@@ -315,44 +316,6 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop_http()
         self.claim.release()
-
-    def _check_runtime_dir(self) -> None:
-        """Notice a runtime directory deleted or replaced under the daemon: take it again if
-        no other daemon did (the same clients find it where they look), else resume every
-        task and stop, so that two daemons never split the node."""
-        if self.claim.intact():
-            return
-        if self.claim.holds_directory():  # only the socket went: bind it again
-            self.log(f"socket {self.claim.socket_path} was deleted or replaced; binding it again")
-            self._relisten()
-            return
-        self.log(f"runtime directory {self.runtime_dir} was deleted or replaced")
-        try:
-            self.claim.take_lock()
-        except GpreemptError as exc:
-            self.log(f"cannot take it again ({exc}); resuming every task and stopping")
-            self.lost = f"lost runtime directory {self.runtime_dir}: {exc}"
-            self._stopping = True
-            return
-        self._relisten()
-        self.events.reopen()
-        self.state_files.forget()
-        self.persist()
-        self.lifecycle.persist_attached()
-        self.events.write("daemon-start", reason="runtime directory recreated", pid=os.getpid())
-        self.log(f"recreated {self.runtime_dir} and serving again")
-
-    def _relisten(self) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(self.listener)
-        self.listener.close()
-        self.connections.accept_paused_until = 0.0
-        self._listen()
-
-    def _listen(self) -> None:
-        self.listener = self.claim.listen()
-        self.connections.listener = self.listener
-        self.selector.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
     def _drain_wake(self) -> None:
         try:
