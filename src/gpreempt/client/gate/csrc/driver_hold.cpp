@@ -69,37 +69,7 @@ bool must_wait(Gate& g, uint32_t word, const WatchList* w) {
 
 namespace {
 
-
-// Lets other Python threads run while this one waits (the client's own threads among them).
-class NoGil {
- public:
-  NoGil() {
-    using Check = int (*)();
-    using Save = void* (*)();
-    static const auto initialized = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
-    static const auto held = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
-    static const auto save = reinterpret_cast<Save>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
-    if (initialized != nullptr && held != nullptr && save != nullptr && initialized() != 0 &&
-        held() != 0) {
-      state_ = save();
-    }
-  }
-  ~NoGil() {
-    using Restore = void (*)(void*);
-    static const auto restore =
-        reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
-    if (state_ != nullptr && restore != nullptr) {
-      restore(state_);
-    }
-  }
-  NoGil(const NoGil&) = delete;
-  NoGil& operator=(const NoGil&) = delete;
-
- private:
-  void* state_ = nullptr;
-};
-
-
+// The stream a launch goes to. Per-thread default streams: the _ptsz entry points with stream 0.
 bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   switch (cbid) {
 #define GP_STREAM_OF(id, type, field)                             \
