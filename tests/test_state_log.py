@@ -19,6 +19,7 @@ STATE_EVENTS = {"suspend", "resume", "evict", "restore"}
 #: Writes of those events that tell no change of a task's state, with why.
 NOT_A_CHANGE = {
     ("server.py", "'resume'"): "a process a previous daemon left suspended: no task of this one",
+    ("lifecycle.py", "'resume'"): "a process found stopped as it registers again after a restart",
 }
 
 
