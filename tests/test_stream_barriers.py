@@ -145,6 +145,7 @@ class _Session:
         self.mechanism = mechanism
         self.priority = priority
         self.control = object()
+        self.driver_gate = False  # no driver-level gate loaded here
 
     def use_barriers(self, barriers) -> None:  # noqa: ANN001
         self.barriers = barriers
