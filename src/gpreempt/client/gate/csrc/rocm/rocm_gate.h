@@ -1,0 +1,106 @@
+// The launch gate for HIP programs on ROCm: what its two files share.
+//
+// rocprofiler-sdk loads this library as a tool (ROCP_TOOL_LIBRARIES, or any loaded library that
+// exports rocprofiler_configure) when the HIP runtime initializes. Its callback tracing of the
+// HIP runtime API then calls the gate on the application's thread before every kernel launch,
+// graph launch and asynchronous copy or memset (ROCPROFILER_CALLBACK_PHASE_ENTER), whatever
+// issued it: PyTorch, Triton, a C++ program. The gate does there what the CUDA driver-level
+// gate (../driver_gate.h) does at its CUPTI callback, without its stream barriers:
+//   * rocm_hold.cpp: the control block (adopted from the Python client, same functions and
+//     signatures as the CUDA gate), counting launches, waiting while the gate word says closed
+//     (or a watched, more important task is active), activity for tasks that preempt others;
+//   * rocm_gate.cpp: rocprofiler_configure, the tool's context and its callback.
+// It makes no HIP call itself, so it needs no HIP library, only the rocprofiler-sdk headers.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "../control_layout.h"
+
+namespace gpreempt_rocm {
+
+using namespace gpreempt_layout;
+
+// Settings, from the Python client (gpreempt_driver_adopt).
+struct Config {
+  bool bound = true;            // may be preempted: waits for watched tasks too
+  bool auto_activity = false;   // publish auto_active from the launches (tasks that preempt)
+  bool torch_gate = false;      // PyTorch's operator gate also runs here (it publishes activity)
+  double idle_grace_ms = 2.0;   // quiet time before auto_active drops
+};
+
+constexpr size_t kMaxWatched = 8;
+struct WatchList {
+  size_t n = 0;
+  const uint8_t* blocks[kMaxWatched] = {};
+  uint32_t version = 0;  // 0 = incomplete: never matches a closed-while-watched word
+};
+
+struct Gate {
+  std::atomic<uint8_t*> ctl{nullptr};
+  int doorbell = -1;
+  Config cfg;
+  std::atomic<const WatchList*> watch{nullptr};
+  std::atomic<bool> adopted{false};  // the block is the Python client's
+  uint64_t adopted_inode = 0;        // its memfd's inode
+  std::atomic<uint32_t> state{kDriverNone};
+  std::atomic<bool> background_started{false};
+  std::atomic<int64_t> last_launch_ns{0};
+  std::atomic<uint32_t> active{0};
+};
+
+Gate& gate();
+
+inline uint32_t load32(const uint8_t* base, size_t off) {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
+}
+inline void store32(uint8_t* base, size_t off, uint32_t v) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+inline void add64(uint8_t* base, size_t off, uint64_t v) {
+  __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
+}
+
+// The state the control block's driver_gate word shows (kDriverOn once the tool's callback is
+// configured and its context started, kDriverFailed where rocprofiler refused).
+void publish_state(uint32_t state);
+// Called at the enter phase of every held HIP call, on the calling thread: counts it, waits
+// while the gate is closed, publishes activity.
+void before_launch();
+// The thread that drops auto_active once the process launched nothing for the grace time.
+void start_background();
+
+// Lets other Python threads run while this one waits (the client's own threads among them).
+class NoGil {
+ public:
+  NoGil() {
+    using Check = int (*)();
+    using Save = void* (*)();
+    static const auto initialized = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    static const auto held = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+    static const auto save = reinterpret_cast<Save>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
+    if (initialized != nullptr && held != nullptr && save != nullptr && initialized() != 0 &&
+        held() != 0) {
+      state_ = save();
+    }
+  }
+  ~NoGil() {
+    using Restore = void (*)(void*);
+    static const auto restore =
+        reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
+    if (state_ != nullptr && restore != nullptr) {
+      restore(state_);
+    }
+  }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  void* state_ = nullptr;
+};
+
+}  // namespace gpreempt_rocm
