@@ -22,7 +22,7 @@ gate word instead of locking the process, and its driver-lock backstop leaves it
 A failed driver call turns the barriers off for good, clears both words (the daemon goes
 back to the lock) and says so on stderr. Where they cannot start at all (no NVIDIA driver
 with stream memory operations: CuPy on ROCm, say, whose barriers would need HIP's
-``hipStreamWaitValue32`` on signal memory or a writable mapping, see ``csrc/hip_api.h``), they
+``hipStreamWaitValue32`` on signal memory or a writable mapping, see ``gate/csrc/hip_api.h``), they
 say so on stderr too: the process then runs unheld by barriers, never silently.
 """
 
