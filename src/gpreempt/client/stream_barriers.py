@@ -34,14 +34,8 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..control import (
-    CLOSED,
-    OFF_AUTO_ACTIVE,
-    OFF_GATE_CLOSED,
-    OFF_HINTED,
-    OFF_REQUESTS,
-    ControlBlock,
-)
+from ..control import CLOSED, OFF_AUTO_ACTIVE, OFF_GATE_CLOSED, OFF_HINTED, OFF_REQUESTS
+from ..control_block import ControlBlock
 from .cuda_stream_ops import WAIT_EQ, WAIT_NOR, CudaStreamOps
 
 #: Wall time between two barriers while a more important task is registered on the GPU.

@@ -30,10 +30,10 @@ from ...control import (
     OFF_WINDOW,
     OFF_WINDOW_SHARE_US,
     SIZE,
-    ControlBlock,
     released_by_watch,
     words_want_gpu,
 )
+from ...control_block import ControlBlock
 from .config import GateConfig
 from .fallback_inflight import InflightEvents
 from .torch_patches import cuda_initialized

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ...control import ControlBlock
+from ...control_block import ControlBlock
 from .config import GateConfig
 from .torch_patches import cuda_initialized
 
