@@ -141,7 +141,8 @@ def test_a_failed_lock_is_reported_and_not_retried_until_the_task_resumes() -> N
 
 
 def test_a_gate_whose_barriers_hold_its_work_is_not_locked() -> None:
-    from gpreempt.control import OFF_BARRIERS_ON, ControlBlock
+    from gpreempt.control import OFF_BARRIERS_ON
+    from gpreempt.control_block import ControlBlock
 
     driver = FakeDriver()
     _daemon, task, backstop = setup(driver)

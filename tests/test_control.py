@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 
 
 def test_explicit_requests_take_precedence_over_automatic_activity() -> None:

@@ -16,7 +16,7 @@ import pytest
 from hostile import open_fds, raw, rss_kib
 
 from gpreempt.client.connection import DaemonClient
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402

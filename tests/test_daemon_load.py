@@ -25,7 +25,7 @@ TASKS = 300
 SERVER = """
 import sys, time
 from gpreempt.client.connection import DaemonClient
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 block = ControlBlock.create()
 client = DaemonClient.connect(sys.argv[1])
 client.open_channel(block.memfd, block.doorbell, register={"priority": "high", "name": "server"})

@@ -120,7 +120,7 @@ def test_a_program_without_python_client_opens_its_own_channel(daemon, runtime_d
 
 ADOPT = """
 import ctypes, gc, json, os, sys
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.client.gate import driver
 cfg = driver.DriverConfig(bound=True, auto_activity=False)
 block, other = ControlBlock.create(), ControlBlock.create()

@@ -170,7 +170,7 @@ def test_a_daemon_that_lost_its_directory_to_another_resumes_all_and_stops(
 CHILD_JOINS_PARENTS_TASK = """
 import os, sys
 from gpreempt.client.connection import DaemonClient
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 sys.stdin.readline()
 pid = os.fork()
 if pid == 0:
@@ -211,7 +211,7 @@ def test_a_channel_never_binds_to_another_users_task(runtime_dir: Path) -> None:
 
 def test_a_channel_from_a_pid_that_changed_hands_is_refused(tmp_path: Path) -> None:
     """The connecting process's start time is kept: a recycled pid registers no one."""
-    from gpreempt.control import ControlBlock
+    from gpreempt.control_block import ControlBlock
     from gpreempt.daemon.server import Daemon as DaemonServer
     from gpreempt.daemon.server import Peer
     from gpreempt.errors import NoSuchProcess

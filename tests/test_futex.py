@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gpreempt import futex
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 
 _FUTEX_WAITER = """
 import ctypes, mmap, sys, time

@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 from gpreempt.client import gate as gate_mod  # noqa: E402
 from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
 from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
-from gpreempt.control import ControlBlock, closed_while_watched  # noqa: E402
+from gpreempt.control import closed_while_watched  # noqa: E402
+from gpreempt.control_block import ControlBlock  # noqa: E402
 from gpreempt.errors import UsageError  # noqa: E402
 
 

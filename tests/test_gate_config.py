@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpreempt.client.gate.build import SOURCE
+from gpreempt.client.gate.build import HEADERS, SOURCES
 from gpreempt.client.gate.config import GateConfig, resolve_config
 from gpreempt.errors import UsageError
 
@@ -53,7 +53,7 @@ def test_a_bad_value_is_refused_with_its_name(field, value, message) -> None:
 def test_the_native_gate_reads_every_setting_by_its_python_name() -> None:
     """One set of names: the C++ install reads exactly GateConfig's fields, except the barrier
     spacing, which it is given by set_barriers(barrier_ms=...) once the page is kept mapped."""
-    source = Path(SOURCE).read_text()
+    source = "\n".join(Path(path).read_text() for path in (*HEADERS, *SOURCES))
     body = source[source.index("Config config_from(") :]
     body = body[: body.index("\n}\n")]
     read = set(re.findall(r'c\.attr\("(\w+)"\)', body))

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from gpreempt.client import gate as gate_mod  # noqa: E402
 from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
 from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
-from gpreempt.control import ControlBlock  # noqa: E402
+from gpreempt.control_block import ControlBlock  # noqa: E402
 
 
 @pytest.fixture

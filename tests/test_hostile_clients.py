@@ -17,8 +17,9 @@ from conftest import Daemon, gpreempt, process_state, wait_for
 from hostile import NOBODY, as_user, ask, cpu_seconds, needs_root, raw, sleepers
 
 from gpreempt.client.connection import DaemonClient
-from gpreempt.control import REQUIRED_SEALS as ControlBlock_SEALS
-from gpreempt.control import SIZE, ControlBlock
+from gpreempt.control import SIZE
+from gpreempt.control_block import REQUIRED_SEALS as ControlBlock_SEALS
+from gpreempt.control_block import ControlBlock
 
 
 def alive_and_answering(daemon: Daemon) -> bool:

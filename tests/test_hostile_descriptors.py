@@ -16,7 +16,8 @@ from conftest import Daemon
 from hostile import ask, open_fds, raw
 
 from gpreempt.client.connection import DaemonClient
-from gpreempt.control import REQUIRED_SEALS, SIZE, ControlBlock
+from gpreempt.control import SIZE
+from gpreempt.control_block import REQUIRED_SEALS, ControlBlock
 from gpreempt.daemon.limits import Limits
 from gpreempt.daemon.outbox import MAX_QUEUED_FDS, Outbox
 from gpreempt.protocol import MAX_PENDING_FDS

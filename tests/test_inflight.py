@@ -11,7 +11,7 @@ import pytest
 from conftest import Daemon, gp_env, spawn, wait_for
 from conftest import task_view as view
 
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.policy import Snapshot
 from gpreempt.policy.inflight import DEFAULT_BUDGET_MS, inflight_shares
 

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "config": 0,
     "protocol": 0,
     "control": 0,
+    "control_block": 0,
     "procinfo": 0,
     "futex": 0,
     "runtime_dir": 0,

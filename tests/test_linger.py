@@ -15,7 +15,7 @@ from conftest import Daemon, gp_env
 
 from gpreempt.client.linger import Linger
 from gpreempt.config import ENV_LINGER_MS, request_linger_ms
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.errors import UsageError
 
 

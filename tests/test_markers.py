@@ -415,7 +415,7 @@ def test_a_hook_that_fails_costs_one_line(capsys, monkeypatch) -> None:
 
 
 def test_the_control_block_carries_the_marker() -> None:
-    from gpreempt.control import ControlBlock
+    from gpreempt.control_block import ControlBlock
 
     block = ControlBlock.create()
     try:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.errors import NoSuchTask, ProtocolError
 from gpreempt.protocol import MAX_MESSAGE, Connection, decode, encode, raise_for_reply
 

@@ -104,7 +104,7 @@ def test_warm_launches_nothing_without_cuda(monkeypatch) -> None:
     and raises nothing."""
     torch = pytest.importorskip("torch")
     from gpreempt.client import gate as gate_mod
-    from gpreempt.control import ControlBlock
+    from gpreempt.control_block import ControlBlock
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         pytest.skip("CUDA is initialised in this process")

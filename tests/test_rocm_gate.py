@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpreempt import control
+from gpreempt.client.gate.build import HEADERS, SOURCES
 
 OFFSETS = {
     "gate_closed": control.OFF_GATE_CLOSED,
@@ -24,7 +25,9 @@ OFFSETS = {
     "hinted": control.OFF_HINTED,
 }
 
-CSRC = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "client" / "csrc"
+CSRC = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "client" / "gate" / "csrc"
+#: The file of the gate's stream barriers through HIP.
+HIP_BARRIERS = CSRC / "operator_gate_barriers_hip.cpp"
 #: Where HIP's headers are: $GPREEMPT_HIP_INCLUDE, else ROCm's, else the distribution's.
 HIP_INCLUDE = next(
     (
@@ -143,8 +146,8 @@ def waits(log: Path) -> list[tuple[int, int, int, int, int]]:
 
 
 def test_offsets_match_the_gate() -> None:
-    # the fake blocks above place words where control.py says; gate.cpp must agree
-    source = (CSRC / "gate.cpp").read_text()
+    # the fake blocks above place words where control.py says; the gate's layout must agree
+    source = (CSRC / "control_layout.h").read_text()
     for field, name in (
         ("gate_closed", "GateClosed"),
         ("requests", "Requests"),
@@ -152,6 +155,7 @@ def test_offsets_match_the_gate() -> None:
         ("hinted", "Hinted"),
     ):
         assert f"kOff{name} = {OFFSETS[field]};" in source
+    assert '#include "control_layout.h"' in (CSRC / "operator_gate_base.h").read_text()
 
 
 def test_barrier_waits_on_a_complete_watch_list(native, fake_hip) -> None:
@@ -315,13 +319,13 @@ def test_hip_functions_are_exported_by_libamdhip64() -> None:
     assert len(names) == 5
     for name in names:
         assert name in exported, f"{name} is not exported by {candidates[0]}"
-    assert "dlsym(lib, gpreempt_hip::k" in (CSRC / "gate.cpp").read_text()
+    assert "dlsym(lib, gpreempt_hip::k" in HIP_BARRIERS.read_text()
 
 
 def test_gate_source_builds_as_hipified_cpp(tmp_path) -> None:
     """The extension source has no CUDA-only include, so a ROCm build (plain C++ against
     PyTorch's headers, ``with_cuda=False``) needs neither CUDA nor HIP headers."""
-    source = (CSRC / "gate.cpp").read_text()
-    includes = re.findall(r"#include [<\"]([^>\"]+)[>\"]", source)
-    assert not [i for i in includes if i.startswith(("cuda", "hip/", "c10/cuda", "ATen/cuda"))]
-    assert "hip_api.h" in includes
+    for path in (*SOURCES, *HEADERS):
+        includes = re.findall(r"#include [<\"]([^>\"]+)[>\"]", path.read_text())
+        assert not [i for i in includes if i.startswith(("cuda", "hip/", "c10/cuda", "ATen/cuda"))]
+    assert '#include "hip_api.h"' in HIP_BARRIERS.read_text()

@@ -15,14 +15,15 @@ from conftest import SRC, wait_for
 from test_watch import _RecordingGate, _Scripted
 
 from gpreempt.client import session as session_mod
-from gpreempt.control import ActivityView, ControlBlock
+from gpreempt.control import ActivityView
+from gpreempt.control_block import ControlBlock
 from gpreempt.protocol import Connection
 
 # A process that owns a control block inside a request: it hands the block over, then waits.
 _OWNER = textwrap.dedent(
     """
     import socket, sys, time
-    from gpreempt.control import ControlBlock
+    from gpreempt.control_block import ControlBlock
     from gpreempt.protocol import Connection
 
     block = ControlBlock.create()

@@ -10,14 +10,8 @@ import pytest
 from gpreempt.client import agent
 from gpreempt.client.cuda_stream_ops import WAIT_EQ, WAIT_NOR
 from gpreempt.client.stream_barriers import StreamBarriers
-from gpreempt.control import (
-    CLOSED,
-    OFF_AUTO_ACTIVE,
-    OFF_GATE_CLOSED,
-    OFF_REQUESTS,
-    ActivityView,
-    ControlBlock,
-)
+from gpreempt.control import CLOSED, OFF_AUTO_ACTIVE, OFF_GATE_CLOSED, OFF_REQUESTS, ActivityView
+from gpreempt.control_block import ControlBlock
 
 
 class FakeOps:

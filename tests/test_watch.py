@@ -12,7 +12,8 @@ import threading
 import pytest
 from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
 
-from gpreempt.control import CLOSED, ControlBlock, closed_while_watched, released_by_watch
+from gpreempt.control import CLOSED, closed_while_watched, released_by_watch
+from gpreempt.control_block import ControlBlock
 from gpreempt.daemon.registry import Task
 from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer
 from gpreempt.daemon.server import Daemon as DaemonServer

@@ -1,5 +1,5 @@
 """Watch descriptors stay read-only across users: a control block is private to the uid that
-created it (``gpreempt.control.PRIVATE_MODE``), so the read-only views the daemon hands out
+created it (``gpreempt.control_block.PRIVATE_MODE``), so the read-only views the daemon hands out
 cannot be reopened writable through /proc by another user; the daemon refuses a block it
 cannot make private; and a session never watches a block whose words it could not clear
 (``gpreempt.client.stranded``). Real processes, other users played by setuid children."""
@@ -26,7 +26,8 @@ from test_watch import _Client, _RecordingGate
 
 from gpreempt.client import session as session_mod
 from gpreempt.client import stranded
-from gpreempt.control import REQUIRED_SEALS, SIZE, ActivityView, ControlBlock
+from gpreempt.control import SIZE, ActivityView
+from gpreempt.control_block import REQUIRED_SEALS, ControlBlock
 from gpreempt.daemon.server import Daemon as DaemonServer
 from gpreempt.protocol import Connection
 

@@ -32,7 +32,7 @@ from gpreempt.bench import stats
 from gpreempt.bench.builtin_workloads import resnet50_server
 from gpreempt.client.agent import gate_config_for
 from gpreempt.client.gate import install_gate
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.priority import NAMED
 
 CONFIGS = ("none", "awake", "asleep")

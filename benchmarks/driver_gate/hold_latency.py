@@ -21,7 +21,7 @@ import sys
 
 CHILD = r"""
 import ctypes, json, random, sys, threading, time
-from gpreempt.control import ControlBlock
+from gpreempt.control_block import ControlBlock
 from gpreempt.client.gate import driver
 closes, barriers = int(sys.argv[1]), sys.argv[2] == "1"
 block = ControlBlock.create()

@@ -33,7 +33,7 @@ CHILD = r"""
 import json, os, sys, time
 config, framework, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if config != "none":
-    from gpreempt.control import ControlBlock
+    from gpreempt.control_block import ControlBlock
     from gpreempt.client.gate import driver
     block = ControlBlock.create()
     cfg = driver.DriverConfig(bound=True, auto_activity=False)

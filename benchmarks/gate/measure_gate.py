@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from gpreempt.client.gate import RUN_BARRIER_MS, install_gate, resolve_config  # noqa: E402
 from gpreempt.client.gate.build import load_native  # noqa: E402
-from gpreempt.control import ControlBlock  # noqa: E402
+from gpreempt.control_block import ControlBlock  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -21,7 +21,7 @@ pytestmark = [
 
 from gpreempt.client import gate as gate_mod  # noqa: E402
 from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
-from gpreempt.control import ControlBlock  # noqa: E402
+from gpreempt.control_block import ControlBlock  # noqa: E402
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_gate_notices_cuda_initialised_after_install(tmp_path):
         """
         import torch
         from gpreempt.client.gate import install_gate, resolve_config
-        from gpreempt.control import ControlBlock
+        from gpreempt.control_block import ControlBlock
         control = ControlBlock.create()
         config = resolve_config(bound=True, auto_activity=False, record_every=4)
         gate = install_gate(control, config)

@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent(
     import json, threading, time
     import cupy as cp
     from gpreempt.client.stream_barriers import StreamBarriers
-    from gpreempt.control import ActivityView, ControlBlock
+    from gpreempt.control import ActivityView
+    from gpreempt.control_block import ControlBlock
 
     own, high = ControlBlock.create(), ControlBlock.create()
     view = ActivityView(high.read_only_fd())

@@ -3,7 +3,7 @@
 - :mod:`.api`: the public calls (``gpreempt.request()``, ``attach()``, ``status()``, ...),
   re-exported by :mod:`gpreempt`; :mod:`.session` holds the one connection and control block
   of a process, and :mod:`.connection` speaks the protocol (:mod:`gpreempt.messages`).
-- :mod:`.gate`: the launch gate (its config, the C++ extension in ``csrc/gate.cpp``, the
+- :mod:`.gate`: the launch gate (its config, the C++ extension in ``gate/csrc/``, the
   Python fallback, what it patches in torch); :mod:`.agent` installs it in a process started
   by ``gpreempt run`` (through ``_agent_site/sitecustomize.py``), or, in a process that
   imports CuPy and not PyTorch, :mod:`.stream_barriers` (driver calls in

@@ -1,10 +1,11 @@
 """The CUDA driver's stream memory operations, through ctypes on ``libcuda.so.1``.
 
 :mod:`.stream_barriers` puts waits on a process's legacy default stream from a thread of its
-own, for programs that launch their work without PyTorch (the launch gate's own barriers
-are in ``csrc/gate.cpp``). Only the few calls that needs: finding the devices whose primary
-context the program made, borrowing that context on the thread, making a control block's
-page readable by the GPU, and ``cuStreamWaitValue32``. Nothing here creates a context.
+own, for programs that launch their work without PyTorch (the launch gate's own barriers are
+in ``gate/csrc/operator_gate_barriers_cuda.cpp``). Only the few calls that needs: finding the
+devices whose primary context the program made, borrowing that context on the thread, making a
+control block's page readable by the GPU, and ``cuStreamWaitValue32``. Nothing here creates a
+context.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class GPUScheduler:
         with self._gate_lock:
             if self._gate is not None:
                 return
-            from ..control import ControlBlock
+            from ..control_block import ControlBlock
             from .gate import current_gate, install_gate, resolve_config
 
             gate = current_gate()

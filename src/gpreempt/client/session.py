@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import ENV_RUNTIME_DIR, ENV_TASK_ID, request_linger_ms, request_warm
-from ..control import ActivityView, ControlBlock, released_by_watch
+from ..control import ActivityView, released_by_watch
+from ..control_block import ControlBlock
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient

@@ -8,7 +8,7 @@ watched, and if one of them exits with its words still raised, it clears them it
 a writable descriptor reopened from the read-only one the daemon sent.
 
 That reopening works only for a block of the session's own uid (or as root): blocks are 0600
-(``gpreempt.control.PRIVATE_MODE``). Another user's block can reach a session inside one of
+(``gpreempt.control_block.PRIVATE_MODE``). Another user's block can reach a session inside one of
 its user's tasks (a root process of a job that ran ``sudo``), and nobody left could clear it:
 so the session does not watch such a block at all (:meth:`WatchedBlock.map`): for that
 task its gate waits for the daemon to open it, and the session opens it itself when the

@@ -22,7 +22,7 @@ gate word instead of locking the process, and its driver-lock backstop leaves it
 A failed driver call turns the barriers off for good, clears both words (the daemon goes
 back to the lock) and says so on stderr. Where they cannot start at all (no NVIDIA driver
 with stream memory operations: CuPy on ROCm, say, whose barriers would need HIP's
-``hipStreamWaitValue32`` on signal memory or a writable mapping, see ``csrc/hip_api.h``), they
+``hipStreamWaitValue32`` on signal memory or a writable mapping, see ``gate/csrc/hip_api.h``), they
 say so on stderr too: the process then runs unheld by barriers, never silently.
 """
 
@@ -34,14 +34,8 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..control import (
-    CLOSED,
-    OFF_AUTO_ACTIVE,
-    OFF_GATE_CLOSED,
-    OFF_HINTED,
-    OFF_REQUESTS,
-    ControlBlock,
-)
+from ..control import CLOSED, OFF_AUTO_ACTIVE, OFF_GATE_CLOSED, OFF_HINTED, OFF_REQUESTS
+from ..control_block import ControlBlock
 from .cuda_stream_ops import WAIT_EQ, WAIT_NOR, CudaStreamOps
 
 #: Wall time between two barriers while a more important task is registered on the GPU.

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..control import CLOSED, ControlBlock, closed_while_watched
+from ..control import CLOSED, closed_while_watched
+from ..control_block import ControlBlock
 from ..errors import GpreemptError, NoSuchProcess, ProtocolError
 from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target

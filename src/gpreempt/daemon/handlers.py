@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..control import ControlBlock
+from ..control_block import ControlBlock
 from ..errors import GpreemptError, NoSuchProcess, PermissionDenied, ProtocolError, UsageError
 from ..field_checks import BadField
 from ..mechanisms import MechanismSet, kind

@@ -7,7 +7,7 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from ..control import ControlBlock
+from ..control_block import ControlBlock
 from ..protocol import Connection
 from .outbox import Outbox
 

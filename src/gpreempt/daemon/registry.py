@@ -16,7 +16,7 @@ from ..priority import priority_name
 from .task_state import STOPPED, TaskState
 
 if TYPE_CHECKING:
-    from ..control import ControlBlock
+    from ..control_block import ControlBlock
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..control import ControlBlock
+    from ..control_block import ControlBlock
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ The modules, in the order a reader needs them:
 * :mod:`.config` -- :class:`GateConfig`, the one object that names the knobs and their
   defaults, and :func:`resolve_config` (parameters, then ``GPREEMPT_GATE_*``, then defaults);
 * :mod:`.install` -- :func:`install_gate` and the :class:`Gate` it returns;
-* :mod:`.native` -- the binding to the C++ ``RecordFunction`` hook in ``client/csrc/gate.cpp``,
+* :mod:`.native` -- the binding to the C++ ``RecordFunction`` hook in ``csrc/operator_gate*``,
   which :mod:`.build` compiles on first use (``python -m gpreempt.client.gate.build``
   prebuilds it);
 * :mod:`.fallback` (and :mod:`.fallback_inflight`) -- the same algorithm as a Python

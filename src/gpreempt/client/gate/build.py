@@ -1,9 +1,10 @@
-"""Building and loading the launch gate's C++ extension (``client/csrc/gate.cpp``).
+"""Building and loading the launch gate's C++ extension (``csrc/operator_gate*``).
 
 The gate's per-operator hook must cost well under a microsecond, which only native code can do
-(a Python hook per operator halves a training job's throughput). The extension is one C++ file
-compiled against the installed PyTorch on first use with ``torch.utils.cpp_extension.load``
-(about 20-60 s, once) and cached per user, keyed by the source, PyTorch and Python versions:
+(a Python hook per operator halves a training job's throughput). The extension is a few C++ files
+(``csrc/operator_gate.h`` says which does what) compiled against the installed PyTorch on first
+use with ``torch.utils.cpp_extension.load`` (about 20-60 s, once) and cached per user, keyed by
+the sources, PyTorch and Python versions:
 
 * ``$GPREEMPT_CACHE_DIR/torch_extensions/<name>`` if set, else
 * ``$XDG_CACHE_HOME/gpreempt/torch_extensions/<name>`` (``~/.cache/gpreempt/...``).
@@ -11,7 +12,7 @@ compiled against the installed PyTorch on first use with ``torch.utils.cpp_exten
 Build it ahead of time (for example in a container image) with
 ``python -m gpreempt.client.gate.build``.
 
-The same source builds against CUDA, ROCm and CPU-only builds of PyTorch: it is compiled as
+The same sources build against CUDA, ROCm and CPU-only builds of PyTorch: they are compiled as
 plain C++ (``with_cuda=False``, so nothing is hipified and neither nvcc nor hipcc is needed),
 reaches the device through c10's device-generic interface, and finds the driver functions of
 its stream barriers at run time (libcuda, or libamdhip64 on ROCm; see ``csrc/hip_api.h``).
@@ -31,10 +32,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-CSRC = Path(__file__).parent.parent / "csrc"
-SOURCE = CSRC / "gate.cpp"
-#: Headers the source includes: part of what a cached build was built from.
-HEADERS = (CSRC / "hip_api.h",)
+CSRC = Path(__file__).parent / "csrc"
+#: The extension's sources (the driver-level gate's ``driver_*`` files beside them are not).
+SOURCES = tuple(
+    CSRC / f"operator_gate_{part}.cpp"
+    for part in (
+        "hook",
+        "window",
+        "events",
+        "barriers_cuda",
+        "barriers_hip",
+        "threads",
+        "install",
+        "module",
+    )
+)
+#: Headers the sources include: part of what a cached build was built from.
+HEADERS = tuple(
+    CSRC / name
+    for name in ("operator_gate.h", "operator_gate_base.h", "control_layout.h", "hip_api.h")
+)
 ENV_CACHE_DIR = "GPREEMPT_CACHE_DIR"
 
 _loaded: ModuleType | None = None
@@ -58,9 +75,8 @@ def extension_name() -> str:
     import torch
 
     digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
-    for header in HEADERS:
-        digest.update(header.read_bytes())
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(str(getattr(torch.version, "cuda", None)).encode())
     digest.update(str(getattr(torch.version, "hip", None)).encode())
@@ -183,8 +199,9 @@ def load_native(*, verbose: bool = False) -> ModuleType:
                 return module
             module = cpp_extension.load(
                 name=name,
-                sources=[str(SOURCE)],
+                sources=[str(source) for source in SOURCES],
                 extra_cflags=["-O2"],
+                extra_include_paths=[str(CSRC)],
                 build_directory=str(build_dir),
                 with_cuda=False,
                 verbose=verbose,

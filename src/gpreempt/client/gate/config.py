@@ -2,9 +2,9 @@
 
 :class:`GateConfig` is the only place the gate's knobs are named and given their defaults. The
 Python fallback reads it directly, and the C++ extension reads the very same fields by name
-when it is installed (``install`` in ``csrc/gate.cpp``), so both implementations run with the
-same numbers. :func:`resolve_config` builds one from explicit parameters, the environment
-(``GPREEMPT_GATE_*``) and the defaults, in that order of precedence.
+when it is installed (``config_from`` in ``csrc/operator_gate_install.cpp``), so both
+implementations run with the same numbers. :func:`resolve_config` builds one from explicit
+parameters, the environment (``GPREEMPT_GATE_*``) and the defaults, in that order of precedence.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Python fallback gate: the C++ gate's algorithm as a ``TorchDispatchMode``.
 
 Used where the extension cannot be built (no compiler). It does what the C++ hook in
-``csrc/gate.cpp`` does -- wait while the gate is closed or a watched task is active, bound the
+``csrc/operator_gate*`` does -- wait while the gate is closed or a watched task is active, bound the
 work in flight, publish the process's own GPU activity -- at a much higher cost per operator
 (a Python call each, ~1000x the C++ hook), and only for the thread that installed it (and the
 autograd threads serving it). It counts every operator at the average cost, puts no stream
@@ -30,10 +30,10 @@ from ...control import (
     OFF_WINDOW,
     OFF_WINDOW_SHARE_US,
     SIZE,
-    ControlBlock,
     released_by_watch,
     words_want_gpu,
 )
+from ...control_block import ControlBlock
 from .config import GateConfig
 from .fallback_inflight import InflightEvents
 from .torch_patches import cuda_initialized

@@ -3,7 +3,7 @@
 A bounded gate records a timed CUDA event every few launches. :class:`InflightEvents` keeps
 them in order, retires the completed ones (learning the GPU time per launch from their
 timestamps) and waits for the oldest while more launches than the window are in flight. The
-C++ gate does the same in ``csrc/gate.cpp`` (``segment``).
+C++ gate does the same in ``csrc/operator_gate_window.cpp`` (``segment``).
 """
 
 from __future__ import annotations

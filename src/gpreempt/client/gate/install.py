@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from ...control import ControlBlock
+from ...control_block import ControlBlock
 from .config import ENV_NATIVE, GateConfig
 from .fallback import PythonGate
 from .native import NativeGate

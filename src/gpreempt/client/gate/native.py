@@ -1,6 +1,6 @@
 """The binding to the C++ gate: one object whose methods call the extension's functions.
 
-The extension (``csrc/gate.cpp``, built by :mod:`gpreempt.client.gate.build`) is installed
+The extension (``csrc/operator_gate*``, built by :mod:`gpreempt.client.gate.build`) is installed
 with the control block's address, its doorbell and the :class:`~.config.GateConfig` itself:
 the C++ side reads the config's fields by their names, so the knobs have one name and one
 default, both on the Python side.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ...control import ControlBlock
+from ...control_block import ControlBlock
 from .config import GateConfig
 from .torch_patches import cuda_initialized
 

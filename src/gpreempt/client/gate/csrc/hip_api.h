@@ -1,7 +1,7 @@
 // The HIP runtime functions the launch gate's stream barriers use on ROCm builds of PyTorch.
 //
 // They are looked up at run time in the libamdhip64 the process already loaded (as the CUDA
-// path looks up libcuda), so gate.cpp builds without HIP headers on any PyTorch. The types and
+// path looks up libcuda), so the gate builds without HIP headers on any PyTorch. The types and
 // constants below mirror <hip/hip_runtime_api.h>; tests/test_rocm_gate.py compiles a check of
 // each one against those headers, and looks the names up in libamdhip64.so.
 //
