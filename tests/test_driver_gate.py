@@ -145,3 +145,14 @@ def test_a_python_process_hands_its_block_to_the_gate() -> None:
     taken, again, refused, state, after = json.loads(reply.stdout)
     assert (taken, again, refused) == (True, True, False)
     assert state == "failed" and after == "failed"  # no libcuda on this machine
+
+
+def test_a_cache_another_user_could_write_is_refused(tmp_path, monkeypatch) -> None:
+    # the library runs in every process of the user's commands: never one planted by others
+    _library()
+    shared = tmp_path / "shared"
+    (shared / "driver_gate").mkdir(parents=True)
+    shared.chmod(0o777)
+    monkeypatch.setenv("GPREEMPT_CACHE_DIR", str(shared))
+    with pytest.raises(driver_build.DriverGateUnavailable, match="not a private directory"):
+        driver_build.build()

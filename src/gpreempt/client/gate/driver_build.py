@@ -23,7 +23,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .build import cache_root
+from .build import NativeGateUnavailable, cache_root, check_private
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
@@ -107,8 +107,12 @@ def build(*, quiet: bool = True) -> Path:
     directory = cache_root().parent / "driver_gate"
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private(directory)  # the library runs in every process of the user's commands
+        check_private(directory.parent)
     except OSError as exc:
         raise DriverGateUnavailable(f"cannot create {directory}: {exc.strerror}") from None
+    except NativeGateUnavailable as exc:
+        raise DriverGateUnavailable(str(exc)) from None
     target = directory / library_name(includes)
     if target.exists():
         return target
