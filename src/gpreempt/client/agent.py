@@ -1,10 +1,12 @@
 """The in-process client that ``gpreempt run`` gives Python commands without code changes.
 
-Once PyTorch is imported it opens the session and installs the launch gate, so the daemon
-can stop this process's launches (gate mechanism) and learn when it uses the GPU
-(automatic activity). A process that imports CuPy and not PyTorch gets stream barriers
-instead (:mod:`.stream_barriers`), if it may be preempted. A server framework's import
-(uvicorn, hypercorn, Starlette, FastAPI, grpcio) arms its request marker
+Once PyTorch or CuPy is imported it opens the session and hands its control block to the
+driver-level gate that ``gpreempt run`` loads for CUDA (:mod:`.gate.driver`), which holds
+every launch of the process; with PyTorch it also installs the operator gate, so the daemon
+can stop this process's launches (gate mechanism) and learn when it uses the GPU (automatic
+activity). Without the driver-level gate, a process that imports CuPy and not PyTorch gets
+stream barriers instead (:mod:`.stream_barriers`), if it may be preempted. A server
+framework's import (uvicorn, hypercorn, Starlette, FastAPI, grpcio) arms its request marker
 (:mod:`.markers`), which marks each request of a task that preempts others as
 ``gpreempt.request()`` does. Everything here is best-effort: a failure leaves the program
 running as if it were not under gpreempt, with one line on stderr.
