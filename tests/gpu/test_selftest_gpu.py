@@ -59,3 +59,10 @@ def test_kfd_holds_the_queues_with_work_pending() -> None:
     row = selftest("kfd")["kfd"]
     assert row["verdict"] == "works", row
     assert row["queues"] > 0 and row["pending"] > 0
+
+
+@pytest.mark.skipif(not NVIDIA, reason="the driver-level gate is CUDA's")
+def test_the_driver_level_gate_alone_holds_the_gpu_job() -> None:
+    # PyTorch's operator hook off: only the driver-level gate can have held the job
+    row = selftest("driver-gate")["driver-gate"]
+    assert row["verdict"] == "works", row
