@@ -81,9 +81,8 @@ def command_environment(
         return {}, None
     if env.get(ENV_INJECTION):
         return {}, (
-            f"{ENV_INJECTION} is already set ({env[ENV_INJECTION]}): the driver-level gate is "
-            "off for this command; its PyTorch operators are gated, the rest is held by the "
-            "driver lock"
+            f"{ENV_INJECTION} is already set ({env[ENV_INJECTION]}): no driver-level gate for "
+            "this command; its PyTorch operators are gated, the driver lock holds the rest"
         )
     from .driver_build import DriverGateUnavailable, build
 
