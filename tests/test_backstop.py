@@ -233,3 +233,35 @@ def test_a_gate_closed_for_watched_tasks_is_not_counted() -> None:
     block.driver_launches += 500  # the server is idle: the trainer runs
     backstop.apply(100.35)
     assert not task.hold_leaked and task.hold_baseline == 1500
+
+
+def _server(daemon, uid: int) -> Task:
+    server = Task(
+        task_id=daemon.registry.new_id(),
+        pid=4343,
+        pgid=None,
+        start_time=0,
+        uid=uid,
+        name="server",
+        priority=100,
+        gpus=(0,),
+        mechanism="auto",
+    )
+    daemon.registry.add(server)
+    return server
+
+
+def test_a_claim_of_barriers_spares_the_lock_only_before_the_own_user() -> None:
+    # what a client writes in its block may only hurt its own user: a task that says its
+    # barriers hold is trusted while its own user's server outranks it, not another user's
+    driver = FakeDriver()
+    daemon, task, backstop = setup(driver)
+    task.controls[1] = _Block("none", barriers_on=True)
+    _server(daemon, uid=task.uid)
+    backstop.apply(200.0)
+    backstop.finish()
+    assert driver.calls == []
+    _server(daemon, uid=task.uid + 1)  # now another user's server shares its GPU
+    backstop.apply(201.0)
+    backstop.finish()
+    assert driver.calls == [("lock", 4242)]

@@ -11,7 +11,8 @@ The delay keeps the lock's cost off the many short preemptions the gate handles 
 call waits for the work already queued (1.5 ms at P50 on an H200). The call runs on a helper
 thread, so the daemon keeps answering while it waits.
 
-A task whose gate holds on the GPU (:attr:`Task.held_on_gpu`) is left alone: its driver-level
+A task whose gate holds on the GPU (:attr:`Task.held_on_gpu`) is left alone, while only tasks
+of its own user outrank it on its GPUs (its gate's words are its client's word): its driver-level
 gate sees every launch of the process and puts stream barriers on every stream, or its operator
 gate's barriers hold what it queued on its stream; a lock would wait for that held work until the
 request ended, then stop the task's CPU while it unlocks. A driver-level gate that is not on
@@ -102,10 +103,23 @@ class Backstop:
             and task.suspended
             and kind(task.suspended_with).in_process
             and task.preempted_since is not None
-            and not task.held_on_gpu
+            and not (task.held_on_gpu and not self._for_another_user(task))
             and not task.backstop_locked
             and task.task_id not in self._locking
             and task.task_id not in self._failed
+        )
+
+    def _for_another_user(self, task: Task) -> bool:
+        """Whether a more important task of another user shares a GPU with ``task``: its
+        gate's own words (barriers on, driver-level gate on) then do not spare it the lock.
+        What a client writes in its block may only hurt its own user: a task that claims a
+        gate it does not have is locked like any other once the delay has passed."""
+        return any(
+            other.uid != task.uid
+            and other.priority > task.priority
+            and not other.held
+            and set(other.gpus) & set(task.gpus)
+            for other in self.registry.tasks.values()
         )
 
     @staticmethod
