@@ -28,10 +28,12 @@
 #include <unordered_map>
 
 #include "control_layout.h"
+#include "gate_words.h"
 
 namespace gpreempt_driver {
 
 using namespace gpreempt_layout;
+using namespace gpreempt_words;
 
 // Settings, from the Python client (adopt) or the environment (own channel).
 struct Config {
@@ -41,13 +43,6 @@ struct Config {
   double barrier_us = 100.0;  // GPU time between two barriers on a stream; 0 = no barriers
   double window_ms = 25.0;    // GPU time in flight at most on a stream
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
-};
-
-constexpr size_t kMaxWatched = 8;
-struct WatchList {
-  size_t n = 0;
-  const uint8_t* blocks[kMaxWatched] = {};
-  uint32_t version = 0;  // 0 = incomplete: never matches a closed-while-watched word
 };
 
 // One barrier's event and the launches of its span.
@@ -115,20 +110,8 @@ struct CuApi {
 const CuApi* cu();
 bool cu_load();
 
-inline uint32_t load32(const uint8_t* base, size_t off) {
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
-}
-inline void store32(uint8_t* base, size_t off, uint32_t v) {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
-}
-inline void add64(uint8_t* base, size_t off, uint64_t v) {
-  __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
-}
-
-int64_t now_ns();
 void ring(Gate& g);
 void publish_state(uint32_t state);
-bool watched_active(const WatchList* w);
 bool must_wait(Gate& g, uint32_t word, const WatchList* w);
 
 // Set while the gate itself calls the driver: those calls are not launches of the program.
@@ -176,34 +159,6 @@ class CurrentContext {
 };
 
 
-// Lets other Python threads run while this one waits (the client's own threads among them).
-class NoGil {
- public:
-  NoGil() {
-    using Check = int (*)();
-    using Save = void* (*)();
-    static const auto initialized = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
-    static const auto held = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
-    static const auto save = reinterpret_cast<Save>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
-    if (initialized != nullptr && held != nullptr && save != nullptr && initialized() != 0 &&
-        held() != 0) {
-      state_ = save();
-    }
-  }
-  ~NoGil() {
-    using Restore = void (*)(void*);
-    static const auto restore =
-        reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
-    if (state_ != nullptr && restore != nullptr) {
-      restore(state_);
-    }
-  }
-  NoGil(const NoGil&) = delete;
-  NoGil& operator=(const NoGil&) = delete;
-
- private:
-  void* state_ = nullptr;
-};
 
 
 // driver_hold.cpp

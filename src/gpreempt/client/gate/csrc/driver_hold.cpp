@@ -13,32 +13,7 @@
 
 namespace gpreempt_driver {
 
-int64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-void ring(Gate& g) {
-  if (g.doorbell < 0) {
-    return;
-  }
-  uint64_t one = 1;
-  ssize_t ignored = write(g.doorbell, &one, sizeof(one));  // EAGAIN: it rings already
-  (void)ignored;
-}
-
-// Whether a watched task wants the GPU (gpreempt.control.wants_gpu).
-bool watched_active(const WatchList* w) {
-  for (size_t i = 0; w != nullptr && i < w->n; ++i) {
-    const uint8_t* b = w->blocks[i];
-    if (load32(b, kOffRequests) != 0 ||
-        (load32(b, kOffAutoActive) != 0 && load32(b, kOffHinted) == 0)) {
-      return true;
-    }
-  }
-  return false;
-}
+void ring(Gate& g) { ring_doorbell(g.doorbell); }
 
 // Whether this gate's barriers hold its queued work now: the daemon gives it an in-flight
 // share only while a more important task is registered on its GPU.
@@ -46,15 +21,6 @@ bool barriers_hold(Gate& g, const uint8_t* ctl) {
   return g.cfg.bound && g.cfg.barrier_us > 0 && g.barriers_ok.load(std::memory_order_relaxed) &&
          load32(ctl, kOffWindowShareUs) != 0;
 }
-
-namespace {
-
-bool closed_while_watched(uint32_t word, const WatchList* w) {
-  return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
-         word / 2 == w->version;
-}
-
-}  // namespace
 
 // The rule of the operator gate (gpreempt.control.released_by_watch): a gate closed only while
 // watch list V is active goes on once none is; with barriers the CPU does not stop for watched

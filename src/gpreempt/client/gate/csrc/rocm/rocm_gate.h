@@ -20,10 +20,12 @@
 #include <cstdint>
 
 #include "../control_layout.h"
+#include "../gate_words.h"
 
 namespace gpreempt_rocm {
 
 using namespace gpreempt_layout;
+using namespace gpreempt_words;
 
 // Settings, from the Python client (gpreempt_driver_adopt).
 struct Config {
@@ -31,13 +33,6 @@ struct Config {
   bool auto_activity = false;   // publish auto_active from the launches (tasks that preempt)
   bool torch_gate = false;      // PyTorch's operator gate also runs here (it publishes activity)
   double idle_grace_ms = 2.0;   // quiet time before auto_active drops
-};
-
-constexpr size_t kMaxWatched = 8;
-struct WatchList {
-  size_t n = 0;
-  const uint8_t* blocks[kMaxWatched] = {};
-  uint32_t version = 0;  // 0 = incomplete: never matches a closed-while-watched word
 };
 
 struct Gate {
@@ -55,15 +50,6 @@ struct Gate {
 
 Gate& gate();
 
-inline uint32_t load32(const uint8_t* base, size_t off) {
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
-}
-inline void store32(uint8_t* base, size_t off, uint32_t v) {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
-}
-inline void add64(uint8_t* base, size_t off, uint64_t v) {
-  __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
-}
 
 // The state the control block's driver_gate word shows (kDriverOn once the tool's callback is
 // configured and its context started, kDriverFailed where rocprofiler refused).
@@ -74,33 +60,5 @@ void before_launch();
 // The thread that drops auto_active once the process launched nothing for the grace time.
 void start_background();
 
-// Lets other Python threads run while this one waits (the client's own threads among them).
-class NoGil {
- public:
-  NoGil() {
-    using Check = int (*)();
-    using Save = void* (*)();
-    static const auto initialized = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
-    static const auto held = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
-    static const auto save = reinterpret_cast<Save>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
-    if (initialized != nullptr && held != nullptr && save != nullptr && initialized() != 0 &&
-        held() != 0) {
-      state_ = save();
-    }
-  }
-  ~NoGil() {
-    using Restore = void (*)(void*);
-    static const auto restore =
-        reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
-    if (state_ != nullptr && restore != nullptr) {
-      restore(state_);
-    }
-  }
-  NoGil(const NoGil&) = delete;
-  NoGil& operator=(const NoGil&) = delete;
-
- private:
-  void* state_ = nullptr;
-};
 
 }  // namespace gpreempt_rocm
