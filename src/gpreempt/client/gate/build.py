@@ -50,7 +50,13 @@ SOURCES = tuple(
 #: Headers the sources include: part of what a cached build was built from.
 HEADERS = tuple(
     CSRC / name
-    for name in ("operator_gate.h", "operator_gate_base.h", "control_layout.h", "hip_api.h")
+    for name in (
+        "operator_gate.h",
+        "operator_gate_base.h",
+        "control_layout.h",
+        "gate_words.h",
+        "hip_api.h",
+    )
 )
 ENV_CACHE_DIR = "GPREEMPT_CACHE_DIR"
 

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "control_layout.h"
+#include "gate_words.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -59,13 +60,14 @@ namespace gpreempt_gate {
 using namespace gpreempt_layout;
 
 // The control blocks of the tasks that outrank this one, mapped read-only (set by the session
-// from the daemon's watch list). A list is never changed once published.
-constexpr size_t kMaxWatched = 8;
-struct WatchList {
-  size_t n = 0;
-  const uint8_t* blocks[kMaxWatched] = {};
-  uint32_t version = 0;  // the daemon's version of this list; 0 = incomplete, never matches
-};
+// from the daemon's watch list), the word access and the watch rule: shared with the other
+// native gates (gate_words.h).
+using gpreempt_words::closed_while_watched;
+using gpreempt_words::kMaxWatched;
+using gpreempt_words::load32;
+using gpreempt_words::store32;
+using gpreempt_words::watched_active;
+using gpreempt_words::WatchList;
 
 enum Mode : int { kAdaptive = 0, kTight = 1, kOpen = 2 };
 
@@ -152,38 +154,8 @@ class MaybeNoGil {
 };
 
 // --- control block access: plain atomic loads and stores on the shared mapping -------------
-inline uint32_t load32(const uint8_t* base, size_t off) {
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
-}
-inline void store32(uint8_t* base, size_t off, uint32_t v) {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELAXED);
-}
 inline void store64(uint8_t* base, size_t off, uint64_t v) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
-}
-
-// Whether a watched task wants the GPU: the rule of gpreempt.control.wants_gpu (explicit
-// requests win over automatic activity once the task has used request()).
-inline bool watched_active(const WatchList* w) {
-  if (w == nullptr) {
-    return false;
-  }
-  for (size_t i = 0; i < w->n; ++i) {
-    const uint8_t* b = w->blocks[i];
-    if (load32(b, kOffRequests) != 0 ||
-        (load32(b, kOffAutoActive) != 0 && load32(b, kOffHinted) == 0)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Whether a gate whose gate_closed reads `word` must wait, given its watch list `w`: the rule of
-// gpreempt.control.released_by_watch. A gate the daemon closed only while the tasks of watch
-// list V are active (word 2V), and that watches exactly list V, waits only while one is.
-inline bool closed_while_watched(uint32_t word, const WatchList* w) {
-  return word != 0 && (word & 1u) == 0 && w != nullptr && w->version != 0 &&
-         word / 2 == w->version;
 }
 
 }  // namespace gpreempt_gate
