@@ -214,3 +214,24 @@ def test_serve_args_split_like_a_shell_and_keep_the_scenario_settings() -> None:
         _serve_args("--policy share")
     with pytest.raises(UsageError, match="--runtime-dir"):
         _serve_args("--runtime-dir=/tmp/x")
+
+
+def test_one_sides_environment_is_parsed_and_checked() -> None:
+    from gpreempt.cli.bench import _assignments
+
+    assert _assignments(["GPREEMPT_DRIVER_GATE=0", "A=b=c"], "--env-b") == (
+        ("GPREEMPT_DRIVER_GATE", "0"),
+        ("A", "b=c"),
+    )
+    for bad in ("NOVALUE", "=1"):
+        with pytest.raises(UsageError, match="NAME=VALUE"):
+            _assignments([bad], "--env-a")
+
+
+def test_one_sides_environment_reaches_only_that_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpreempt.bench.workload_argv import Workloads
+
+    monkeypatch.delenv("GPREEMPT_DRIVER_GATE", raising=False)
+    work = Workloads(env_b=(("GPREEMPT_DRIVER_GATE", "0"),))
+    assert work.environment(dict(work.env_b))["GPREEMPT_DRIVER_GATE"] == "0"
+    assert "GPREEMPT_DRIVER_GATE" not in work.environment(dict(work.env_a))

@@ -35,6 +35,7 @@ from .control import (
     MARKERS,
     OFF_AUTO_ACTIVE,
     OFF_BARRIERS_ON,
+    OFF_DRIVER_ASLEEP,
     OFF_DRIVER_BARRIERS,
     OFF_DRIVER_GATE,
     OFF_DRIVER_LAUNCHES,
@@ -80,6 +81,7 @@ class ControlStats:
     driver_launches: int = 0
     driver_waits: int = 0
     driver_barriers: int = 0
+    driver_asleep: bool = False
 
 
 class ControlBlock:
@@ -262,6 +264,7 @@ class ControlBlock:
             driver_launches=self.driver_launches,
             driver_waits=_U64.unpack_from(self._map, OFF_DRIVER_WAITS)[0],
             driver_barriers=_U64.unpack_from(self._map, OFF_DRIVER_BARRIERS)[0],
+            driver_asleep=self._get32(OFF_DRIVER_ASLEEP) != 0,
         )
 
     @property

@@ -125,3 +125,58 @@ def test_a_profiler_in_a_gated_process_gets_its_profile(daemon, runtime_dir):
     kernels, state = reply.stdout.split()[-2:]
     assert int(kernels) > 0, reply.stdout
     print("driver gate after the profile:", state)
+
+
+def _beside_an_idle_server(runtime_dir: Path, progress: Path, kernel_loop: Path, mode: str):
+    idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
+    server = spawn(runtime_dir, "run", *idle)
+    trainer = spawn(
+        runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
+        str(kernel_loop), str(progress), mode, "60",
+    )  # fmt: skip
+    assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+    return server, trainer
+
+
+def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
+    daemon, runtime_dir, tmp_path, kernel_loop
+):
+    """Once the more important task has been idle for a second, the gate's callbacks go off
+    (its launches are no longer counted) and its thread puts the stream barriers."""
+    procs = _beside_an_idle_server(runtime_dir, tmp_path / "progress", kernel_loop, "default")
+    try:
+        gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
+        assert wait_for(lambda: gate()["driver_asleep"], 10), gate()
+        first = gate()
+        time.sleep(0.5)
+        then = gate()
+        assert then["driver_asleep"], then
+        assert then["driver_launches"] == first["driver_launches"], (first, then)
+        assert then["driver_barriers"] > first["driver_barriers"] + 100, (first, then)
+    finally:
+        stop_all(*reversed(procs))
+
+
+def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
+    daemon, runtime_dir, tmp_path, kernel_loop
+):
+    """Beside an idle server the gate sleeps; a program that keeps a quarter second of work
+    queued (as JAX and CuPy run ahead) wakes it (its thread's barriers find the spans between
+    them too long), and a hold stops it within a fraction of that queue."""
+    progress = tmp_path / "progress"
+    procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "deep")
+    try:
+        time.sleep(3.0)  # asleep after a second, then woken by the backlog
+        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
+        time.sleep(0.1)  # far less than the 0.25 s the program keeps queued
+        held_from = _progress(progress)
+        time.sleep(1.0)
+        held_to = _progress(progress)
+        task = _task(runtime_dir, "trainer")
+        assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
+        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
+        assert held_to == held_from, (held_from, held_to, task)
+        assert task["gate"]["driver_barriers"] > 0, task
+        assert task["gate"]["hold_leaks"] == 0, task
+    finally:
+        stop_all(*reversed(procs))

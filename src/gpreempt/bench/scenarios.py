@@ -131,7 +131,7 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
     mps: MpsDaemon | None = None
     sampler = NvmlSampler(harness.gpu_index) if harness.nvml else None
     try:
-        env_a, env_b = work.environment(), work.environment()
+        env_a, env_b = work.environment(dict(work.env_a)), work.environment(dict(work.env_b))
         if name in MPS_B_PRIORITY:
             # private pipe/log directories in the run's directory, unless its path is too long
             # for the unix sockets MPS makes there
@@ -143,10 +143,11 @@ def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> Non
                 mps.start()
             except GpreemptError as exc:
                 raise ScenarioFailed(str(exc)) from None
-            env_a = work.environment(mps.env())
+            env_a = work.environment({**dict(work.env_a), **mps.env()})
             b_priority = MPS_B_PRIORITY[name]
             env_b = work.environment(
                 {
+                    **dict(work.env_b),
                     **mps.env(),
                     **({"CUDA_MPS_CLIENT_PRIORITY": b_priority} if b_priority else {}),
                 }

@@ -32,6 +32,8 @@ class Workloads:
     warmup_s: float = 2.0  # each process warms up at least this long
     warmup_steps: int = 10
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every process
+    env_a: tuple[tuple[str, str], ...] = ()  # and for Case-A's processes only
+    env_b: tuple[tuple[str, str], ...] = ()  # and for Case-B's processes only
 
     def _module(self) -> list[str]:
         return [self.python, "-m", "gpreempt.bench.workloads"]

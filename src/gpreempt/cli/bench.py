@@ -133,6 +133,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(else it counts as ready after 3x --warmup-s), append one unix time per step to "
         "$GPREEMPT_BENCH_STEPS_FILE (else B kept is n/a), and must stop on SIGTERM",
     )
+    for side in ("a", "b"):
+        parser.add_argument(
+            f"--env-{side}",
+            metavar="NAME=VALUE",
+            action="append",
+            default=[],
+            help=f"set NAME=VALUE in Case-{side.upper()}'s environment only (repeatable); e.g. "
+            "GPREEMPT_DRIVER_GATE=0 to run one side without the driver-level gate",
+        )
     parser.add_argument(
         "--scenarios",
         metavar="LIST",
@@ -268,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         case_b_cmd=args.case_b_cmd,
         warmup_s=warmup,
         warmup_steps=5 if args.quick else 10,
+        env_a=_assignments(args.env_a, "--env-a"),
+        env_b=_assignments(args.env_b, "--env-b"),
     )
     config = BenchConfig(
         out_dir=_out_dir(args.out),
@@ -330,3 +341,14 @@ def _print_summary(results: dict, out_dir: Path) -> None:
             f"Case-B survived: {'yes' if row.get('b_survived') else 'no'}"
         )
     console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
+
+
+def _assignments(items: list[str], option: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=VALUE`` words as pairs; a word without ``=`` or a name is a usage error."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"{option} {item!r}: give NAME=VALUE")
+        pairs.append((name.strip(), value))
+    return tuple(pairs)

@@ -264,6 +264,8 @@ class Task:
                 "driver_launches": sum(c.driver_launches for c in self.controls.values()),
                 "driver_barriers": sum(c.stats().driver_barriers for c in self.controls.values()),
                 "driver_waits": sum(c.stats().driver_waits for c in self.controls.values()),
+                # its callbacks are off (barriers put by its thread)
+                "driver_asleep": any(c.stats().driver_asleep for c in self.controls.values()),
                 "hold_leaks": self.hold_leaks,
             }
         return {

@@ -3,7 +3,8 @@
 // can be read without a CUDA call, and writes that count to a file every 20 ms.
 //   kernel_loop PROGRESS_FILE MODE SECONDS
 // MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
-// threads, each its own stream), graph (a captured graph of 16 kernels, replayed).
+// threads, each its own stream), graph (a captured graph of 16 kernels, replayed), deep (one
+// stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -57,10 +58,10 @@ int main(int argc, char** argv) {
   });
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   auto running = [&]() { return std::chrono::steady_clock::now() < end; };
-  auto loop_on = [&](cudaStream_t s) {
+  auto loop_on = [&](cudaStream_t s, int sync_every = 64) {
     for (int i = 0; running(); ++i) {
       bump<<<1, 32, 0, s>>>(device, spin);
-      if (i % 64 == 63) {
+      if (i % sync_every == sync_every - 1) {
         check(cudaStreamSynchronize(s), "sync");
       }
     }
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
   };
   if (mode == "default") {
     loop_on(0);
+  } else if (mode == "deep") {
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    loop_on(s, 8192);
   } else if (mode == "streams") {
     cudaStream_t a, b;
     check(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream");

@@ -13,6 +13,9 @@
 //   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
 //     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
 //     the functions the Python client calls (ctypes);
+//   * driver_asleep.cpp: while the callbacks are off (nobody more important was active for a
+//     while), stream barriers put by the gate's thread, and waking the gate where the process
+//     queues faster than they bound;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
 //     the gate's own channel to the daemon, with the same control block protocol.
 #pragma once
@@ -45,6 +48,16 @@ struct Config {
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
 };
 
+// Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often;
+// the gate wakes for kBacklogHoldNs once the GPU work between two of them exceeds
+// kAsleepMaxSpanNs (the process queues faster than its GPU runs: a starting request would wait
+// for that much).
+constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
+constexpr int64_t kAsleepMaxSpanNs = 2 * 1000 * 1000;
+constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
+// Asleep marks a stream may have pending at most (beyond, the GPU is far behind: none added).
+constexpr size_t kAsleepMarksMax = 64;
+
 // One barrier's event and the launches of its span.
 struct Mark {
   CUevent event = nullptr;
@@ -59,6 +72,7 @@ struct StreamState {
   double ns_per_launch = 0.0;  // learned GPU time per launch (0 = not yet)
   bool dirty = false;          // launched since its last event (activity)
   std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
+  std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
 };
 
 struct Gate {
@@ -74,7 +88,9 @@ struct Gate {
   std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
   std::atomic<int64_t> last_launch_ns{0};
   std::atomic<uint32_t> active{0};
-  std::mutex mu;  // streams, events
+  std::atomic<int> captures{0};            // stream captures under way in the process
+  std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
+  std::mutex mu;  // streams, events, capture starts
   std::unordered_map<CUstream, StreamState> streams;
   std::deque<CUevent> spare_events;
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
@@ -170,10 +186,25 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 bool capturing(CUstream stream);
 // Marks `stream` after a launch (mu held): a barrier where one holds, an event, the window.
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
+// The barrier on `stream` (mu held): waits on the GPU for this gate's word and the watched
+// tasks' activity words. False where it could not be put.
+bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream);
+CUevent take_event(Gate& g);
+void give_event(Gate& g, CUevent e);
 void forget_stream(CUstream stream);
 // Activity: auto_active drops once the process launched nothing for the grace time and its
 // GPU work completed. Called by the background thread.
 void check_idle(Gate& g, int64_t now);
+
+// driver_asleep.cpp
+// Called by the background thread while the callbacks are off: barriers on every known stream
+// every kAsleepBarrierNs, and the spans between them learned.
+void asleep_barriers(Gate& g, int64_t now);
+// Destroys a forgotten stream's asleep marks (mu held).
+void drop_asleep_marks(StreamState& st);
+// The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
+bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
+bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 
 // driver_channel.cpp
 // A control block and a channel of the gate's own, for a process that has no Python client;

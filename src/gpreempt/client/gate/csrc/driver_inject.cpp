@@ -105,7 +105,6 @@ constexpr CUpti_CallbackId kStreamGone[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy,
     CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
 };
-
 // The subscriber and the enabled callbacks. Never destroyed: the gate's thread may still take
 // it while the process exits.
 std::mutex& cupti_mu = *new std::mutex();
@@ -124,6 +123,9 @@ void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
     if (data->callbackSite == CUPTI_API_ENTER) {
       forget_stream(*static_cast<const CUstream*>(data->functionParams));
     }
+    return;
+  }
+  if (on_capture_call(gate(), cbid, data)) {
     return;
   }
   if (data->callbackSite == CUPTI_API_ENTER) {
@@ -159,6 +161,7 @@ uint32_t subscribe() {
   for (CUpti_CallbackId id : kStreamGone) {
     ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
   }
+  ok = enable_capture_callbacks(subscriber) && ok;
   ok = enable_held(true) && ok;
   asleep.store(false);
   if (!ok) {
@@ -172,10 +175,21 @@ uint32_t subscribe() {
 // Whether the gate may switch its callbacks off: nobody more important on its GPU has been
 // active for a while (the daemon's sleep_ok), its gate is open, no watched task is active, and
 // it needs no launch to tell its own activity (the operator gate or request() does that).
-bool may_sleep(Gate& g, const uint8_t* ctl) {
-  const bool needs_launches = g.cfg.auto_activity && !g.cfg.torch_gate && load32(ctl, kOffHinted) == 0;
-  return !needs_launches && load32(ctl, kOffSleepOk) != 0 && load32(ctl, kOffGateClosed) == 0 &&
-         !watched_active(g.watch.load(std::memory_order_acquire));
+// A task nothing preempts (not bound) needs its callbacks only to tell its activity, where
+// neither the operator gate nor request() does, and to hold its launches while its own gate is
+// closed or a watched task is active: it sleeps otherwise, since CUPTI's callbacks cost a
+// server every launch. A task that may be preempted needs them for its barriers while a more
+// important task may start: it sleeps once the daemon says none was active for a while
+// (sleep_ok) and no backlog keeps it awake.
+bool may_sleep(Gate& g, const uint8_t* ctl, int64_t now) {
+  const bool needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
+                              load32(ctl, kOffHinted) == 0;
+  if (needs_launches || load32(ctl, kOffGateClosed) != 0 ||
+      watched_active(g.watch.load(std::memory_order_acquire))) {
+    return false;
+  }
+  return !g.cfg.bound || (load32(ctl, kOffSleepOk) != 0 &&
+                          now >= g.awake_until_ns.load(std::memory_order_relaxed));
 }
 
 void background() {
@@ -190,7 +204,7 @@ void background() {
       return;  // the driver is being torn down: no more calls into it
     }
     if (ctl != nullptr && state.load() == kDriverOn) {
-      const bool sleepy = may_sleep(g, ctl);
+      const bool sleepy = may_sleep(g, ctl, now);
       if (sleepy != asleep.load()) {
         std::lock_guard<std::mutex> lock(cupti_mu);
         if (subscriber != nullptr && enable_held(!sleepy)) {
@@ -199,6 +213,9 @@ void background() {
         }
       }
       check_idle(g, now);
+      if (asleep.load()) {
+        asleep_barriers(g, now);
+      }
     }
     g.background_busy.store(false);
     timespec pause{0, asleep.load() ? 200000 : 250000};

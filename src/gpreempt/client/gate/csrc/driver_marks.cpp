@@ -15,8 +15,6 @@ bool capturing(CUstream stream) {
 }
 
 
-namespace {
-
 CUevent take_event(Gate& g) {
   if (!g.spare_events.empty()) {
     CUevent e = g.spare_events.back();
@@ -32,6 +30,8 @@ void give_event(Gate& g, CUevent e) {
     g.spare_events.push_back(e);
   }
 }
+
+namespace {
 
 // The device address of a control block word; its page is registered once and stays so.
 CUdeviceptr device_word(Gate& g, const uint8_t* word, bool read_only) {
@@ -51,6 +51,8 @@ CUdeviceptr device_word(Gate& g, const uint8_t* word, bool read_only) {
   }
   return it->second + (reinterpret_cast<uintptr_t>(word) - page);
 }
+
+}  // namespace
 
 // Waits on the GPU, on `stream`, for this gate's word and the watched tasks' activity words:
 // the GPU stops this task's queued work there the moment one says so.
@@ -76,6 +78,8 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream) {
   }
   return r == CUDA_SUCCESS;
 }
+
+namespace {
 
 // Retires the stream's completed marks, learning the GPU time per launch from the spans the
 // GPU ran back to back.
@@ -154,6 +158,7 @@ void forget_stream(CUstream stream) {
   for (Mark& m : it->second.marks) {
     cu()->cuEventDestroy(m.event);  // released once its work completed
   }
+  drop_asleep_marks(it->second);
   g.streams.erase(it);
 }
 

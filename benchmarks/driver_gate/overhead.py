@@ -1,0 +1,205 @@
+"""What the defaults cost a trainer that nobody preempts, for trainers of every framework.
+
+For each trainer kind three copies of it run side by side, taking turns on the GPU (one runs
+while the others wait idle), in rounds whose order is shuffled:
+
+* ``ungated``: plain ``python``, no gpreempt at all;
+* ``defaults``: ``gpreempt run --priority low`` beside an idle, more important task registered
+  on the same GPU (``gpreempt run --priority high -- sleep``): the daemon lets its gate sleep
+  after a second;
+* ``awake``: the same under a daemon that never lets a gate sleep (``--sleep-after-s 0``): its
+  gates stay awake and put their stream barriers, as beside a server that is busy but not
+  running at this instant.
+
+Each turn runs training steps for ``--turn-s`` seconds, then waits for the GPU to finish what
+they queued; the ratio of a configuration is its steps per second over ``ungated``'s in the
+same round.
+
+    PYTHONPATH=src python3 benchmarks/driver_gate/overhead.py --out overhead.json
+
+Prints a table (median ratio and the spread of the rounds) and writes every turn to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = ("ungated", "defaults", "awake")
+KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
+
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+kind, turn_path, me, out_path = sys.argv[1:5]
+from gpreempt.bench import builtin_workloads as w
+if kind in ("cupy", "cupy-torch"):
+    step = w.cupy_trainer(with_torch=kind == "cupy-torch")
+elif kind in ("jax", "jax-torch"):
+    step = w.jax_trainer(with_torch=kind == "jax-torch")
+else:
+    step = w.transformer_trainer(sync_loss=kind == "transformer-sync",
+                                 compiled=kind == "transformer-compiled")
+
+def drain(token):
+    if token is not None and hasattr(token, "synchronize"):
+        token.synchronize()
+    elif token is not None and hasattr(token, "block_until_ready"):
+        token.block_until_ready()
+
+token = None
+for _ in range(15):
+    token = step()
+drain(token)
+turn_file, out = Path(turn_path), Path(out_path)
+out.write_text("")
+done = set()
+while True:
+    word = turn_file.read_text().strip() if turn_file.exists() else ""
+    if word == "stop":
+        break
+    who, _, rest = word.partition(":")
+    if who != me or rest in done:
+        time.sleep(0.002)
+        continue
+    seconds = float(rest.split(":")[1])
+    start = time.perf_counter()
+    steps = 0
+    while time.perf_counter() - start < seconds:
+        token = step()
+        steps += 1
+    drain(token)
+    elapsed = time.perf_counter() - start
+    done.add(rest)
+    with out.open("a") as f:
+        f.write(json.dumps({"turn": rest, "steps": steps, "s": elapsed}) + "\n")
+"""
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPREEMPT_")}
+    env.pop("CUDA_INJECTION64_PATH", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return env
+
+
+def _lines(path: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def measure_kind(kind: str, rounds: int, turn_s: float, work: Path) -> list[dict]:
+    """Every turn of ``kind`` under each configuration, interleaved."""
+    gp = [sys.executable, "-m", "gpreempt"]
+    env = _clean_env()
+    procs: list[subprocess.Popen] = []
+    turn = work / f"{kind}.turn"
+    turn.write_text("")
+    outs = {c: work / f"{kind}.{c}.jsonl" for c in CONFIGS}
+    try:
+        for config, sleep_after in (("defaults", None), ("awake", "0")):
+            runtime = work / f"rt-{kind}-{config}"
+            runtime.mkdir(mode=0o700)
+            serve = [*gp, "serve", "--runtime-dir", str(runtime)]
+            serve += ["--sleep-after-s", sleep_after] if sleep_after else []
+            procs.append(subprocess.Popen(serve, env=env, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + 20
+            while not (runtime / "gpreempt.sock").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            run = [*gp, "run", "--runtime-dir", str(runtime)]
+            procs.append(
+                subprocess.Popen([*run, "--priority", "high", "--", "sleep", "100000"], env=env)
+            )
+            child = [sys.executable, "-c", CHILD, kind, str(turn), config, str(outs[config])]
+            procs.append(subprocess.Popen([*run, "--priority", "low", "--", *child], env=env))
+        child = [sys.executable, "-c", CHILD, kind, str(turn), "ungated", str(outs["ungated"])]
+        procs.append(subprocess.Popen(child, env=env))
+        deadline = time.monotonic() + 300
+        while not all(p.exists() for p in outs.values()):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                raise RuntimeError(f"{kind}: a trainer did not start")
+            time.sleep(0.2)
+        time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
+        turns = []
+        for r in range(rounds):
+            order = list(CONFIGS)
+            random.shuffle(order)
+            for config in order:
+                key = f"{r}:{turn_s}"
+                turn.write_text(f"{config}:{key}")
+                deadline = time.monotonic() + turn_s * 10 + 60
+                while not any(x["turn"] == key for x in _lines(outs[config])):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{kind}: {config} did not finish round {r}")
+                    time.sleep(0.01)
+                turn.write_text("")
+                time.sleep(0.3)  # the next one starts from an idle GPU
+            print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+        for config in CONFIGS:
+            for x in _lines(outs[config]):
+                turns.append({"kind": kind, "config": config, **x})
+        return turns
+    finally:
+        turn.write_text("stop")
+        time.sleep(0.5)
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
+    """Per round: steps per second of ``config`` over ``ungated``'s."""
+    rate = {(t["config"], t["turn"]): t["steps"] / t["s"] for t in turns if t["kind"] == kind}
+    return [
+        rate[(config, key)] / rate[("ungated", key)]
+        for (c, key) in rate
+        if c == config and ("ungated", key) in rate
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--turn-s", type=float, default=2.0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    turns: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="gpreempt-overhead-") as tmp:
+        for kind in args.kinds.split(","):
+            try:
+                turns += measure_kind(kind, args.rounds, args.turn_s, Path(tmp))
+            except RuntimeError as exc:
+                print(f"overhead: {exc}", file=sys.stderr)
+    Path(args.out).write_text(
+        json.dumps({"rounds": args.rounds, "turn_s": args.turn_s, "turns": turns}, indent=1)
+    )
+    print(f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds")
+    for kind in args.kinds.split(","):
+        for config in CONFIGS[1:]:
+            r = ratios(turns, kind, config)
+            if r:
+                print(
+                    f"{kind:22s} {config:9s} {statistics.median(r):.3f} "
+                    f"[{min(r):.3f}-{max(r):.3f}] n={len(r)}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+// The driver-level gate asleep: its launch callbacks are off (nobody more important on its GPU
+// was active for a while), so no launch puts a barrier. The gate's thread puts them instead,
+// one every kAsleepBarrierNs on each stream the process launched on while awake, so the GPU
+// still stops this process's queued work within about that much of it the moment a more
+// important task starts. That holds for a process whose GPU keeps up with its CPU, the one the
+// callbacks cost most. One that queues faster than its GPU runs (JAX and CuPy run far ahead)
+// leaves more GPU work between two of them: once a span between two barriers, measured on the
+// GPU, exceeds kAsleepMaxSpanNs, the gate wakes for kBacklogHoldNs and its launches bound the
+// queue again.
+//
+// A barrier must never land in a graph being captured: the capture calls keep their callbacks
+// while asleep and count captures under way, a capture start waits for a barrier being put
+// (the gate's mutex), and no barrier is put while one is under way.
+#include "driver_gate.h"
+
+namespace gpreempt_driver {
+
+namespace {
+
+// Retires the stream's completed asleep marks; a span the GPU ran through without idling (the
+// first mark still pending when the second was put) longer than kAsleepMaxSpanNs wakes the gate.
+void learn_spans(Gate& g, StreamState& st, int64_t now) {
+  while (st.asleep_marks.size() > 1) {
+    Mark& first = st.asleep_marks[0];
+    Mark& second = st.asleep_marks[1];
+    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
+      return;
+    }
+    float ms = 0.0f;
+    if (second.gpu_was_busy &&
+        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS &&
+        static_cast<int64_t>(ms * 1e6) > kAsleepMaxSpanNs) {
+      g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+    }
+    give_event(g, first.event);
+    st.asleep_marks.pop_front();
+  }
+}
+
+}  // namespace
+
+void asleep_barriers(Gate& g, int64_t now) {
+  static int64_t last_ns = 0;  // the gate's one thread calls this
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl == nullptr || now - last_ns < kAsleepBarrierNs || !barriers_hold(g, ctl)) {
+    return;
+  }
+  last_ns = now;
+  const Guard guard;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.captures.load() != 0) {
+    return;
+  }
+  const RelaxedCapture relaxed;
+  for (auto& [stream, st] : g.streams) {
+    const CurrentContext current(st.context);
+    learn_spans(g, st, now);
+    if (st.asleep_marks.size() >= kAsleepMarksMax || capturing(stream)) {
+      continue;
+    }
+    if (!put_barrier(g, ctl, stream)) {
+      continue;  // its context went away, say: the next try is a millisecond away
+    }
+    add64(ctl, kOffDriverBarriers, 1);
+    CUevent e = take_event(g);
+    if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
+      give_event(g, e);
+      continue;
+    }
+    Mark m;
+    m.event = e;
+    m.gpu_was_busy = !st.asleep_marks.empty() &&
+                     cu()->cuEventQuery(st.asleep_marks.back().event) != CUDA_SUCCESS;
+    st.asleep_marks.push_back(m);
+  }
+}
+
+void drop_asleep_marks(StreamState& st) {
+  for (Mark& m : st.asleep_marks) {
+    cu()->cuEventDestroy(m.event);
+  }
+  st.asleep_marks.clear();
+}
+
+namespace {
+
+// Stream captures start and end: kept on while asleep .
+constexpr CUpti_CallbackId kCaptureBegins[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+};
+constexpr CUpti_CallbackId kCaptureEnds[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
+};
+
+template <size_t N>
+bool listed(const CUpti_CallbackId (&ids)[N], CUpti_CallbackId cbid) {
+  for (CUpti_CallbackId id : ids) {
+    if (id == cbid) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void capture_begins(Gate& g) {
+  std::lock_guard<std::mutex> lock(g.mu);  // after any barrier being put
+  g.captures.fetch_add(1);
+}
+
+void capture_ends(Gate& g) {
+  // never below zero: a capture begun while a profiler held CUPTI ends unseen by its start
+  int n = g.captures.load();
+  while (n > 0 && !g.captures.compare_exchange_weak(n, n - 1)) {
+  }
+}
+
+}  // namespace
+
+bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber) {
+  bool ok = true;
+  for (CUpti_CallbackId id : kCaptureBegins) {
+    ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
+  }
+  for (CUpti_CallbackId id : kCaptureEnds) {
+    ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
+  }
+  return ok;
+}
+
+bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
+  if (listed(kCaptureBegins, cbid)) {
+    if (data->callbackSite == CUPTI_API_ENTER) {
+      capture_begins(g);
+    } else if (*static_cast<const CUresult*>(data->functionReturnValue) != CUDA_SUCCESS) {
+      capture_ends(g);  // it did not begin
+    }
+    return true;
+  }
+  if (listed(kCaptureEnds, cbid)) {
+    if (data->callbackSite == CUPTI_API_EXIT) {
+      capture_ends(g);
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace gpreempt_driver
