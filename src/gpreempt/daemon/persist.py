@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.base import Target
-from ..mechanisms.cuda_driver import release_process
 from ..procinfo import alive, open_verified
 
 if TYPE_CHECKING:
@@ -35,6 +34,9 @@ if TYPE_CHECKING:
 
 #: What a state record names as its mechanism for a task whose memory was evicted.
 EVICTED = "evict"
+#: The mechanism whose leftovers a record's other name leaves: an evicted task is held by the
+#: driver lock (its memory restored as the lock is undone).
+LEFT_BY = {EVICTED: MechanismName.LOCK}
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,10 @@ def load_attached(path: Path) -> list[AttachedRecord]:
 def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
     """Resume every still-living process a previous daemon left suspended.
 
-    Returns (record, outcome) pairs for the event log. Gate-suspended processes need nothing:
-    their client reopens its own gate when the daemon's connection drops.
+    Returns (record, outcome) pairs for the event log. Each process's mechanism undoes what
+    it left (:meth:`~gpreempt.mechanisms.base.Mechanism.undo_leftovers`), then the process is
+    continued. Gate-suspended processes need nothing: their client reopens its own gate when
+    the daemon's connection drops.
     """
     outcomes = []
     for record in load(path):
@@ -136,13 +140,7 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
             continue
         target = Target(pid=record.pid, pgid=record.pgid)
         try:
-            if record.mechanism == EVICTED or kind(record.mechanism).holds_driver_lock:
-                release_process(target.pid)
-            if kind(record.mechanism).unmaps_queues:  # through its launcher's tracer
-                from ..mechanisms.kfd import request
-
-                with contextlib.suppress(GpreemptError):
-                    request(record.pid, "resume")
+            kind(LEFT_BY.get(record.mechanism, record.mechanism)).undo_leftovers(target)
             if record.pgid:
                 os.killpg(record.pgid, signal.SIGCONT)
             else:
