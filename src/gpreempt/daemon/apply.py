@@ -74,25 +74,16 @@ class Executor:
         tasks = self.host.registry.tasks
         changed = False
         # Suspend first: a more important task is waiting for these.
-        todo = {s.task_id: s for s in plan.suspend}
-        self._record_first([tasks[t] for t in todo if t in tasks])
-        for task in sorted(tasks.values(), key=lambda t: t.priority):
-            turn = task.task_id in plan.turns
-            step = todo.get(task.task_id)
-            if step is not None:
-                changed |= self.suspend(task, "turn" if step.turn else None, now=now)
-            # a suspended task waits either for its turn or for a more important task
-            wanted = TaskState.WAITING_TURN if turn else TaskState.SUSPENDED
-            if task.state in (TaskState.SUSPENDED, TaskState.WAITING_TURN) and (
-                task.state is not wanted
-            ):
-                self.states.settled(task, wanted, now=now)
+        self._record_first([tasks[s.task_id] for s in plan.suspend])
+        for step in plan.suspend:
+            reason = "turn" if step.turn else None
+            changed |= self.suspend(tasks[step.task_id], reason, now=now, fallback=step.fallback)
+        # a suspended task waits either for its turn or for a more important task
+        for wait in plan.wait_changes:
+            wanted = TaskState.WAITING_TURN if wait.turn else TaskState.SUSPENDED
+            self.states.settled(tasks[wait.task_id], wanted, now=now)
         for task_id in plan.protected_again:
-            task = tasks[task_id]  # no longer unprotected: nothing to stop
-            if task.state is TaskState.UNPROTECTED:
-                self.states.settled(task, TaskState.RUNNING, now=now)
-            else:
-                task.suspend_error = None  # the reason of a failure before it was evicted
+            self.states.protected_again(tasks[task_id], now=now)
             changed = True
         for task_id in plan.resume:
             changed |= self.resume(tasks[task_id], reason="policy")
@@ -194,10 +185,17 @@ class Executor:
         self.host.send(peer, data, fds)
 
     # ------------------------------------------------------------------ one task
-    def suspend(self, task: Task, reason: str | None = None, *, now: float) -> bool:
-        """Suspend ``task`` by its mechanism; ``reason`` for the event log (default: held or
-        policy; ``turn``: only for a peer's turn); ``now``: the pass's daemon time. Returns
-        whether its state changed."""
+    def suspend(
+        self,
+        task: Task,
+        reason: str | None = None,
+        *,
+        now: float,
+        fallback: str | None = None,
+    ) -> bool:
+        """Suspend ``task`` by its mechanism, else by ``fallback`` (the plan's); ``reason``
+        for the event log (default: held or policy; ``turn``: only for a peer's turn);
+        ``now``: the pass's daemon time. Returns whether its state changed."""
         mechanisms = self.host.mechanisms
         mechanism = mechanisms.get(task.mechanism)
         choose = getattr(mechanism, "choose", None)
@@ -212,18 +210,17 @@ class Executor:
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
-            if not mechanism.backed_up:
+            if fallback is None:
                 return self._suspend_failed(task, task.mechanism, exc, now)
-            if not self._recorded_first(task, MechanismName.SIGNAL):
-                return self._unrecorded(task, MechanismName.SIGNAL, now)
+            if not self._recorded_first(task, fallback):
+                return self._unrecorded(task, fallback, now)
             try:
-                with self._authority(task, MechanismName.SIGNAL):
-                    signal_target = self.target(task, MechanismName.SIGNAL)
-                    used = mechanisms.get(MechanismName.SIGNAL).suspend(signal_target)
+                with self._authority(task, fallback):
+                    used = mechanisms.get(fallback).suspend(self.target(task, fallback))
             except NoSuchProcess:
                 return False
-            except GpreemptError as fallback:
-                return self._suspend_failed(task, MechanismName.SIGNAL, fallback, now)
+            except GpreemptError as failed:
+                return self._suspend_failed(task, fallback, failed, now)
         latency_ms = (time.perf_counter() - start) * 1e3
         degraded = mechanism.take_degradation(self.target(task, concrete.name))
         if degraded is not None:
@@ -258,11 +255,8 @@ class Executor:
         policy no longer wants it. The event log gets one line per new reason, not one per
         retry. Returns whether the task's state changed."""
         reason = f"suspend failed: {exc}"
-        if self.host.metrics is not None:
-            self.host.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
-        if task.suspend_error == reason:
+        if not self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now):
             return False
-        self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now)
         self.host.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
 

@@ -165,10 +165,25 @@ class StateLog:
         elif self.metrics is not None:
             self.metrics.on_suspend(task.gpu, task.name, mechanism, latency_ms / 1e3)
 
-    def unprotected(self, task: Told, *, mechanism: str, reason: str, now: float) -> None:
-        """The policy wants ``task`` suspended and ``mechanism`` failed for ``reason``."""
+    def unprotected(self, task: Told, *, mechanism: str, reason: str, now: float) -> bool:
+        """The policy wants ``task`` suspended and ``mechanism`` failed for ``reason``: the
+        metric counts every failure, the event log one line per new reason (not one per
+        retry). Returns whether the task's state changed."""
+        if self.metrics is not None:
+            self.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
+        if task.suspend_error == reason:
+            return False
         change_state(task, TaskState.UNPROTECTED, now=now, error=reason)
         self.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
+        return True
+
+    def protected_again(self, task: Told, *, now: float) -> None:
+        """The policy no longer wants ``task`` suspended, whose last suspension failed: it is
+        no longer unprotected (it runs; evicted since, it only forgets why)."""
+        if task.state is TaskState.UNPROTECTED:
+            change_state(task, TaskState.RUNNING, now=now)
+        else:
+            task.suspend_error = None
 
     def resumed(
         self, task: Told, *, mechanism: str, latency_ms: float, reason: str, now: float
