@@ -27,6 +27,7 @@ from ..mechanisms.base import Target
 from ..names import MechanismName
 from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
+from .backstop_plan import BackstopPlan
 from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
 from .peer import Peer
@@ -147,6 +148,33 @@ class Executor:
                         control.close_while_watched(version)
                 elif word != CLOSED:
                     control.set_gate(True)
+
+    def apply_backstop(self, plan: BackstopPlan) -> None:
+        """Carry out the backstop's plan (backstop_plan.py): note each hold's baseline, report
+        each hold that leaks, and lock the tasks it names, each recorded first."""
+        tasks = self.host.registry.tasks
+        for baseline in plan.baselines:
+            tasks[baseline.task_id].hold_baseline = baseline.launches
+        for leak in plan.leaks:
+            task = tasks[leak.task_id]
+            task.hold_leaked = True
+            task.hold_leaks += 1
+            fallback = "the driver lock backs it up" if leak.locked else "no driver lock here"
+            self.host.events.write(
+                "error",
+                **task.event_fields(),
+                mechanism=task.suspended_with,
+                reason=(
+                    f"its suspension does not hold: {leak.moved} launches while its gate was "
+                    f"closed; {fallback}"
+                ),
+            )
+        for task_id in plan.locks:
+            task = tasks[task_id]
+            if self.host.record_stops({task_id: MechanismName.LOCK}):
+                self.host.backstop.lock(task)
+            else:
+                self.host.backstop.not_recorded(task)
 
     def send_watches(self, watches: tuple[WatchList, ...]) -> None:
         """Push each connection its new watch list (read-only descriptors of the blocks)."""

@@ -69,7 +69,7 @@ class Reconciler:
                 host.persist()
                 host.publish_states()
         host.executor.apply_gates(todo)
-        host.backstop.apply(now)
+        host.executor.apply_backstop(host.backstop.plan(now))
         due = [t for t in (todo.wake_at, host.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
         if host.memory.needed():

@@ -176,7 +176,6 @@ class Daemon:
             self.backstop_ms,
             lock_available=self.mechanisms.lock_unavailable is None,
             wake_fd=self._wake_w,
-            record=self.record_stops,
         )
         self.lifecycle = TaskLifecycle(
             self.registry,
