@@ -23,9 +23,9 @@ from ..mechanisms import MechanismSet, kind
 from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
 from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
+from .apply_memory import MemoryExecutor
 from .event_log import EventLog
 from .limits import Limits
-from .memory import MemoryManager
 from .peer import Peer
 from .persist import StateFiles
 from .registration import Registrar, check_owner
@@ -45,7 +45,7 @@ class Host(Protocol):
     limits: Limits
     mechanisms: MechanismSet
     events: EventLog
-    memory: MemoryManager
+    memory: MemoryExecutor
     state_files: StateFiles
 
     def reconcile(self) -> None: ...

@@ -18,8 +18,8 @@ from ..messages import TaskFields
 from ..procinfo import ProcessInfo, alive, open_verified
 from . import persist
 from .apply import Executor
+from .apply_memory import MemoryExecutor
 from .event_log import EventLog
-from .memory import MemoryManager
 from .persist import StateFiles
 from .registration import Registrar
 from .registry import Registry, Task
@@ -34,7 +34,7 @@ class TaskLifecycle:
         registrar: Registrar,
         executor: Executor,
         events: EventLog,
-        memory: MemoryManager,
+        memory: MemoryExecutor,
         state_files: StateFiles,
         metrics: Any,
         reconcile: Callable[[], None],

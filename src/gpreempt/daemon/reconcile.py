@@ -17,9 +17,9 @@ from ..mechanisms import kind
 from ..policy import Policy, Snapshot
 from ..policy.loop import LoopState, run_pass
 from .apply import Executor
+from .apply_memory import MemoryExecutor
 from .backstop import Backstop
 from .event_log import EventLog
-from .memory import MemoryManager
 from .peer import Peer
 from .plan import PeerFacts, Plan, PlanSettings, TaskFacts, plan, plan_watches
 from .registry import Registry, Task
@@ -32,7 +32,7 @@ class Host(Protocol):
     peers: dict[int, Peer]
     events: EventLog
     backstop: Backstop
-    memory: MemoryManager
+    memory: MemoryExecutor
     executor: Executor
 
     def persist(self) -> None: ...

@@ -34,6 +34,7 @@ from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
 from ..policy.turns import DEFAULT_TURN_MS
 from . import limits as bounds
 from .apply import Executor
+from .apply_memory import MemoryExecutor
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
 from .event_log import EventLog
@@ -41,7 +42,7 @@ from .handlers import Handlers
 from .identity import GroupCensus, protected_pids
 from .lifecycle import TaskLifecycle
 from .limits import Limits
-from .memory import MemoryManager
+from .memory import MemoryMover
 from .peer import Peer
 from .persist import StateFiles, resume_leftovers
 from .plan import MAX_WATCH_VERSION, PlanSettings
@@ -147,11 +148,13 @@ class Daemon:
         self.mechanisms = MechanismSet(self.lock_timeout_ms)
         self.events = EventLog(self.runtime_dir / EVENTS_NAME)
         self.state_files = StateFiles(self.runtime_dir, STATE_NAME, self.log)
-        self.memory = MemoryManager(
+        self.memory = MemoryExecutor(
             self.registry,
             self.events,
-            lock_unavailable=self.mechanisms.lock_unavailable,
-            lock_timeout_ms=self.lock_timeout_ms,
+            MemoryMover(
+                lock_unavailable=self.mechanisms.lock_unavailable,
+                lock_timeout_ms=self.lock_timeout_ms,
+            ),
             metrics=self.metrics,
             on_change=self._on_memory_change,
         )

@@ -135,8 +135,8 @@ class Told(Stateful, Protocol):
 
 class StateLog:
     """Changes tasks' states and tells each change: its line in the event log and the metric
-    that counts it. The daemon's executor (apply.py) and memory manager (memory.py) change a
-    task's state through it alone; what it ran (counters, locks) they keep themselves."""
+    that counts it. The daemon's executor (apply.py, apply_memory.py) changes a task's state
+    through it alone; what it ran (counters, locks) it keeps itself."""
 
     def __init__(self, events: EventSink, metrics: Any = None) -> None:
         self.events = events
