@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 from gpreempt.daemon.apply import Executor
 from gpreempt.daemon.backstop import Backstop
-from gpreempt.daemon.registry import Registry, Task
+from gpreempt.daemon.registry import Registry
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import TaskState, change_state
 from gpreempt.mechanisms.cuda_driver import CudaDriverError, ProcessState
 
@@ -62,15 +64,17 @@ def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
         mechanisms=SimpleNamespace(lock_unavailable=None),
     )
     task = Task(
-        task_id=daemon.registry.new_id(),
-        pid=4242,
-        pgid=None,
-        start_time=0,
-        uid=os.getuid(),
-        name="trainer",
-        priority=-100,
-        gpus=(0,),
-        mechanism=mechanism,
+        TaskIdentity(
+            task_id=daemon.registry.new_id(),
+            pid=4242,
+            pgid=None,
+            start_time=0,
+            uid=os.getuid(),
+            name="trainer",
+            priority=-100,
+            gpus=(0,),
+            mechanism=mechanism,
+        )
     )
     daemon.registry.add(task)
     change_state(task, TaskState.SUSPENDED, now=100.0, mechanism="gate")
@@ -124,7 +128,8 @@ def test_only_auto_tasks_held_by_their_gate_qualify() -> None:
     for mechanism, used in (("gate", "gate"), ("auto", "signal"), ("auto", "lock")):
         driver = FakeDriver()
         _daemon, task, backstop = setup(driver, mechanism=mechanism)
-        task.suspended_with = used
+        change_state(task, TaskState.RUNNING, now=100.0)
+        change_state(task, TaskState.SUSPENDED, now=100.0, mechanism=used)
         assert backstop.next_due() is None
         apply(backstop, 1e9)
         backstop.finish()
@@ -214,7 +219,7 @@ def test_work_going_on_behind_a_closed_gate_is_found_and_locked() -> None:
     block.driver_launches += 500  # its work goes on
     apply(backstop, 100.45)
     backstop.finish()
-    assert task.hold_leaked and task.hold_leaks == 1
+    assert task.hold_leaked and task.counters.hold_leaks == 1
     assert driver.calls == [("lock", 4242)]
     errors = [r for r in daemon.events.records if r["event"] == "error"]
     assert errors and "does not hold" in errors[0]["reason"]
@@ -249,15 +254,17 @@ def test_a_gate_closed_for_watched_tasks_is_not_counted() -> None:
 
 def _server(daemon, uid: int) -> Task:
     server = Task(
-        task_id=daemon.registry.new_id(),
-        pid=4343,
-        pgid=None,
-        start_time=0,
-        uid=uid,
-        name="server",
-        priority=100,
-        gpus=(0,),
-        mechanism="auto",
+        TaskIdentity(
+            task_id=daemon.registry.new_id(),
+            pid=4343,
+            pgid=None,
+            start_time=0,
+            uid=uid,
+            name="server",
+            priority=100,
+            gpus=(0,),
+            mechanism="auto",
+        )
     )
     daemon.registry.add(server)
     return server

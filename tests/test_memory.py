@@ -11,7 +11,9 @@ import pytest
 
 from gpreempt.daemon.apply_memory import MemoryExecutor
 from gpreempt.daemon.memory import GpuMemory, MemoryMover
-from gpreempt.daemon.registry import Registry, Task
+from gpreempt.daemon.registry import Registry
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.errors import MechanismFailed, MechanismUnavailable, UsageError
 from gpreempt.mechanisms.cuda_driver import ProcessState
 
@@ -94,7 +96,7 @@ def sleeper():
 
 
 def add_task(daemon, pid: int, name: str, priority: int, **extra) -> Task:
-    task = Task(
+    identity = TaskIdentity(
         task_id=daemon.registry.new_id(),
         pid=pid,
         pgid=None,
@@ -106,6 +108,7 @@ def add_task(daemon, pid: int, name: str, priority: int, **extra) -> Task:
         mechanism="auto",
         **extra,
     )
+    task = Task(identity)
     daemon.registry.add(task)
     return task
 
@@ -117,7 +120,7 @@ def test_evict_then_restore(sleeper) -> None:
     task = add_task(daemon, sleeper.pid, "trainer", -100)
     memory.evict(task, "test")
     assert driver.calls == [("lock", sleeper.pid), ("checkpoint", sleeper.pid)]
-    assert task.evicted and task.suspended and task.evicted_bytes == 4 * GiB
+    assert task.evicted and task.suspended and task.counters.evicted_bytes == 4 * GiB
     assert daemon.events.records[-1]["event"] == "evict"
     assert daemon.events.records[-1]["bytes"] == 4 * GiB
     # No room yet: the restore waits instead of risking an out-of-memory restore.
@@ -213,7 +216,8 @@ def test_reserve_evicts_lowest_priority_then_largest_and_restores_later() -> Non
         big = add_task(daemon, low_big, "low-big", -100)
         add_task(daemon, normal, "normal", 0)
         server = add_task(daemon, os.getpid(), "server", 100, reserve_bytes=7 * GiB)
-        server.always_active = True
+        serving = {"now": True}  # what its control block says
+        server.controls[1] = SimpleNamespace(is_active=lambda: serving["now"])
         memory.enforce_reserves()
         evicted = [c[1] for c in driver.calls if c[0] == "checkpoint"]
         assert evicted == [low_big]  # 2 + 6 >= 7: the largest low task was enough
@@ -223,7 +227,7 @@ def test_reserve_evicts_lowest_priority_then_largest_and_restores_later() -> Non
         memory.enforce_reserves()
         assert big.evicted
         # Reserve released long enough ago: restored.
-        server.always_active = False
+        serving["now"] = False
         memory.reserve_active_at[0] -= 60
         memory.enforce_reserves()
         assert not big.evicted

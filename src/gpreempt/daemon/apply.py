@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..control import CLOSED, closed_while_watched
@@ -32,7 +32,8 @@ from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
 from .peer import Peer
 from .plan import Plan, WatchList
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 from .task_state import StateLog, TaskState
 
 
@@ -69,6 +70,12 @@ class Executor:
         return StateLog(self.host.events, self.host.metrics)
 
     # ------------------------------------------------------------------ plans
+    def credit_run_time(self, run_seconds: Mapping[int, float]) -> None:
+        """Record the GPU time the scheduling loop credited each task with (by task id)."""
+        tasks = self.host.registry.tasks
+        for task_id, seconds in run_seconds.items():
+            tasks[task_id].counters.run_seconds = seconds
+
     def apply_suspensions(self, plan: Plan, now: float) -> bool:
         """Suspend, then resume, as ``plan`` says; returns whether any task's state changed
         (what a successor daemon must know then changed too)."""
@@ -158,7 +165,7 @@ class Executor:
         for leak in plan.leaks:
             task = tasks[leak.task_id]
             task.hold_leaked = True
-            task.hold_leaks += 1
+            task.counters.hold_leaks += 1
             fallback = "the driver lock backs it up" if leak.locked else "no driver lock here"
             self.host.events.write(
                 "error",
@@ -255,10 +262,10 @@ class Executor:
             self._degraded(task, used, degraded)
         turn = reason == "turn"
         if turn:
-            task.turns += 1
+            task.counters.turns += 1
         else:
-            task.preemptions += 1
-        task.last_suspend_ms = round(latency_ms, 4)
+            task.counters.preemptions += 1
+        task.counters.last_suspend_ms = round(latency_ms, 4)
         self.states.suspended(
             task,
             turn=turn,
@@ -292,7 +299,7 @@ class Executor:
         """Record that ``task``'s mechanism held less than it promises (kfd that suspended
         none of the task's queues, say) and ``used`` held it instead: an event, the task's
         counter, and a failure of its mechanism in the metrics."""
-        task.degradations += 1
+        task.counters.degradations += 1
         self.host.events.write(
             "degraded", **task.event_fields(), mechanism=task.mechanism, used=used, reason=reason
         )
@@ -319,7 +326,7 @@ class Executor:
             )
             return False
         latency_ms = (time.perf_counter() - start) * 1e3
-        task.suspended_seconds += self.states.resumed(
+        task.counters.suspended_seconds += self.states.resumed(
             task, mechanism=used, latency_ms=latency_ms, reason=reason, now=time.monotonic()
         )
         return True
@@ -336,9 +343,10 @@ class Executor:
         or where every member belongs to its owner (a root daemon could otherwise stop a
         root process in a user's job), else its process alone; signals go to the process
         that started at its start time."""
-        whole = task.pgid is None or os.geteuid() != 0 or task.uid == 0
+        pgid = task.identity.pgid
+        whole = pgid is None or os.geteuid() != 0 or task.uid == 0
         whole = whole or (mechanism == MechanismName.SIGNAL and self.authority.usable(task.uid))
         if not whole:
-            assert task.pgid is not None
-            whole = self.host.census.owned_by(task.pgid, task.uid)
+            assert pgid is not None
+            whole = self.host.census.owned_by(pgid, task.uid)
         return task.target(whole_group=whole)

@@ -19,7 +19,8 @@ from . import memory_plan
 from .event_log import EventLog
 from .memory import MemoryMover, RestoreLeftFailed
 from .memory_plan import MakeRoom, MemoryFacts, Waiting
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 from .task_state import StateLog
 
 
@@ -66,11 +67,11 @@ class MemoryExecutor:
         if task.evicted:
             raise UsageError(f"task {task.name!r} is already evicted")
         moved = self.mover.evict(task)
-        task.evicted_bytes = moved.bytes
+        task.counters.evicted_bytes = moved.bytes
         if not task.suspended:
             # Evicted while running: it stays locked after its restore until the policy lets
             # it run, like any task the lock mechanism suspended.
-            task.preemptions += 1
+            task.counters.preemptions += 1
         self._states().evicted(
             task, moved=moved.bytes, seconds=moved.seconds, reason=reason, now=time.monotonic()
         )
@@ -82,7 +83,7 @@ class MemoryExecutor:
         """Restore now if the GPU has room; otherwise queue it and return False."""
         if not task.evicted:
             raise UsageError(f"task {task.name!r} is not evicted")
-        if not self.mover.has_room(task.gpu, task.evicted_bytes):
+        if not self.mover.has_room(task.gpu, task.counters.evicted_bytes):
             self.pending_restore.add(task.task_id)
             return False
         try:
@@ -96,7 +97,11 @@ class MemoryExecutor:
             )
             raise
         self._states().restored(
-            task, moved=task.evicted_bytes, seconds=seconds, reason=reason, now=time.monotonic()
+            task,
+            moved=task.counters.evicted_bytes,
+            seconds=seconds,
+            reason=reason,
+            now=time.monotonic(),
         )
         self.pending_restore.discard(task.task_id)
         self.auto_evicted.discard(task.task_id)
@@ -108,7 +113,7 @@ class MemoryExecutor:
     def needed(self) -> bool:
         """Whether :meth:`enforce_reserves` has anything to look at."""
         return bool(self.auto_evicted or self.pending_restore) or any(
-            t.reserve_bytes > 0 for t in self.registry.tasks.values()
+            t.identity.reserve_bytes > 0 for t in self.registry.tasks.values()
         )
 
     def enforce_reserves(self) -> None:
@@ -155,7 +160,7 @@ class MemoryExecutor:
                 name=t.name,
                 priority=t.priority,
                 gpus=t.gpus,
-                reserve_bytes=t.reserve_bytes,
+                reserve_bytes=t.identity.reserve_bytes,
                 active=t.active,
                 held=t.held,
                 evicted=t.evicted,

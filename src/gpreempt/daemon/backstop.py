@@ -41,7 +41,8 @@ from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from . import backstop_plan
 from .backstop_plan import BackstopPlan, HoldFacts
 from .event_log import EventLog
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 #: How long a task stays held by its gate before the lock backs it up, by default.
 DEFAULT_DELAY_MS = 50.0

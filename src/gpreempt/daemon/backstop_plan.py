@@ -36,7 +36,7 @@ class HoldFacts:
     #: Since when its gate holds it for a more important task or by hand (daemon time);
     #: None while it is not held by its gate, or only waits for its turn among peers.
     gate_held_since: float | None
-    #: Its gate holds on the GPU by itself (:attr:`~gpreempt.daemon.registry.Task.held_on_gpu`).
+    #: Its gate holds on the GPU by itself (:attr:`~gpreempt.daemon.task.Task.held_on_gpu`).
     held_on_gpu: bool
     #: Locked behind its gate already, being locked, or its lock failed this suspension.
     lock_tried: bool

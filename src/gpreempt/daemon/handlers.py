@@ -29,7 +29,8 @@ from .limits import Limits
 from .peer import Peer
 from .persist import StateFiles
 from .registration import Registrar, check_owner
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 
 class Host(Protocol):

@@ -24,7 +24,7 @@ from ..mechanisms import kind
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
-from .registry import Task
+from .task import Task
 
 #: Keep this fraction of host memory free when checkpointing into it.
 HOST_HEADROOM = 0.10

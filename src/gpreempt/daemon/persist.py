@@ -30,7 +30,7 @@ from ..mechanisms.base import Target
 from ..procinfo import alive, open_verified
 
 if TYPE_CHECKING:
-    from .registry import Task
+    from .task import Task
 
 #: What a state record names as its mechanism for a task whose memory was evicted.
 EVICTED = "evict"
@@ -185,8 +185,8 @@ class StateFiles:
         records = [
             SuspendedRecord(
                 pid=t.pid,
-                pgid=t.pgid,
-                start_time=t.start_time,
+                pgid=t.identity.pgid,
+                start_time=t.identity.start_time,
                 mechanism=EVICTED
                 if t.evicted
                 else (
@@ -204,8 +204,8 @@ class StateFiles:
         records += [
             SuspendedRecord(
                 pid=t.pid,
-                pgid=t.pgid,
-                start_time=t.start_time,
+                pgid=t.identity.pgid,
+                start_time=t.identity.start_time,
                 mechanism=pending[t.task_id],
                 name=t.name,
             )
@@ -225,16 +225,16 @@ class StateFiles:
         records = [
             AttachedRecord(
                 pid=t.pid,
-                start_time=t.start_time,
+                start_time=t.identity.start_time,
                 uid=t.uid,
                 name=t.name,
                 priority=t.priority,
                 gpus=list(t.gpus),
                 mechanism=t.mechanism,
-                always_active=t.always_active,
-                timeslice_ms=t.timeslice_ms,
-                min_share=t.min_share,
-                reserve_bytes=t.reserve_bytes,
+                always_active=t.identity.always_active,
+                timeslice_ms=t.identity.timeslice_ms,
+                min_share=t.identity.min_share,
+                reserve_bytes=t.identity.reserve_bytes,
             )
             for t in tasks
             if t.attached

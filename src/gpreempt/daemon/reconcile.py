@@ -22,7 +22,8 @@ from .backstop import Backstop
 from .event_log import EventLog
 from .peer import Peer
 from .plan import PeerFacts, Plan, PlanSettings, TaskFacts, plan, plan_watches
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 
 class Host(Protocol):
@@ -61,9 +62,7 @@ class Reconciler:
             self._observe(now)
             step = run_pass(self.policy, self.loop, host.registry.snapshot(now))
             self.loop = step.state
-            tasks = host.registry.tasks
-            for task_id, run_seconds in step.run_seconds().items():
-                tasks[task_id].run_seconds = run_seconds
+            host.executor.credit_run_time(step.run_seconds())
             todo = self.plan(step.snapshot, step.decision)
             if host.executor.apply_suspensions(todo, now):
                 host.persist()
@@ -144,7 +143,7 @@ def _facts(task: Task) -> TaskFacts:
         unprotected=task.suspend_error is not None,
         closes_gate=kind(task.mechanism).closes_gate,
         backed_up=kind(task.mechanism).backed_up,
-        always_active=task.always_active,
+        always_active=task.identity.always_active,
         controls=tuple(task.controls),
         window_share_ms=task.window_share_ms,
         sleep_ok=task.sleep_ok,

@@ -48,9 +48,10 @@ from .persist import StateFiles, resume_leftovers
 from .plan import MAX_WATCH_VERSION, PlanSettings
 from .reconcile import Reconciler
 from .registration import Registrar
-from .registry import Registry, Task
+from .registry import Registry
 from .runtime_claim import RuntimeClaim
 from .runtime_guard import check_runtime_dir, listen
+from .task import Task
 
 #: How often the loop checks that tasks' processes still exist.
 LIVENESS_PERIOD_S = 0.2
