@@ -228,7 +228,7 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
                 change_state(tasks[task_id], TaskState.SUSPENDED, now=0.0, mechanism="gate")
             blocks[task_id - 1].set_gate(True)
         snapshot = daemon.registry.snapshot(0.0)
-        daemon.executor.apply_gates(daemon.reconciler.plan(snapshot, decide_hpf(snapshot)))
+        daemon.gates.apply_gates(daemon.reconciler.plan(snapshot, decide_hpf(snapshot)))
         return [block.gate_word for block in blocks]
 
     daemon, blocks = build()

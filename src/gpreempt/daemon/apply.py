@@ -1,10 +1,10 @@
-"""Carry out a :class:`~gpreempt.daemon.plan.Plan`: suspend, resume, write control blocks,
-send watch lists.
+"""Carry out a :class:`~gpreempt.daemon.plan.Plan`: suspend and resume (the gates are told
+the rest by apply_gates.py), and the backstop's plan (backstop_plan.py).
 
-Everything here acts on the world (signals, driver calls, shared memory, sockets) and records
-what happened (the task's counters, the event log, metrics); what to do was decided by
-``daemon/plan.py``. A suspension can fail: the task then shows as ``unprotected`` until a
-suspension succeeds or the policy no longer wants it.
+Everything here acts on the world (signals, driver calls, shared memory) and records what
+happened (the task's counters, the event log, metrics); what to do was decided by
+``daemon/plan.py`` and ``daemon/backstop_plan.py``. A suspension can fail: the task then shows
+as ``unprotected`` until a suspension succeeds or the policy no longer wants it.
 
 Record before acting: a stop that outlives the daemon (a signal, a driver lock, unmapped
 queues) is written to the state file before it is made (persist.py), all of one pass's in
@@ -19,29 +19,24 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..control import CLOSED, closed_while_watched
-from ..control_block import ControlBlock
-from ..errors import GpreemptError, NoSuchProcess, ProtocolError
+from ..errors import GpreemptError, NoSuchProcess
 from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
-from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
 from .backstop_plan import BackstopPlan
 from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
-from .peer import Peer
-from .plan import Plan, WatchList
+from .plan import Plan
 from .registry import Registry
 from .task import Task
 from .task_state import StateLog, TaskState
 
 
 class Host(Protocol):
-    """What the executor uses of the daemon: its tasks, connections and mechanisms."""
+    """What the executor uses of the daemon: its tasks, mechanisms and state files."""
 
     registry: Registry
-    peers: dict[int, Peer]
     mechanisms: MechanismSet
     events: EventLog
     backstop: Backstop
@@ -49,7 +44,6 @@ class Host(Protocol):
     census: GroupCensus
     log: Callable[[str], None]
 
-    def send(self, peer: Peer, data: bytes, fds: list[int] | None = None) -> None: ...
     def record_stops(self, about_to: dict[int, str]) -> bool: ...
     def state_files_error(self) -> str | None: ...
 
@@ -128,34 +122,6 @@ class Executor:
             return True
         return False
 
-    def apply_gates(self, plan: Plan) -> None:
-        """Tell the gates their in-flight shares and sleep permissions, send the watch lists
-        that changed, and set the word of every closed gate: closed only while its watched
-        tasks are active where the plan allows it, else closed plainly."""
-        tasks = self.host.registry.tasks
-        for task_id, share in plan.window_shares:
-            task = tasks[task_id]
-            task.window_share_ms = share
-            for control in task.controls.values():
-                control.set_window_share(share)
-        for task_id, ok in plan.sleep:
-            task = tasks[task_id]
-            task.sleep_ok = ok
-            for control in task.controls.values():
-                control.set_sleep_ok(ok)
-        self.send_watches(plan.watches or ())
-        for task in tasks.values():
-            for conn, control in task.controls.items():
-                word = control.gate_word
-                if word == 0:
-                    continue  # open, or not this mechanism's to close
-                version = plan.releases.get((task.task_id, conn), 0) if task.suspended else 0
-                if version:
-                    if word != closed_while_watched(version):
-                        control.close_while_watched(version)
-                elif word != CLOSED:
-                    control.set_gate(True)
-
     def apply_backstop(self, plan: BackstopPlan) -> None:
         """Carry out the backstop's plan (backstop_plan.py): note each hold's baseline, report
         each hold that leaks, and lock the tasks it names, each recorded first."""
@@ -182,42 +148,6 @@ class Executor:
                 self.host.backstop.lock(task)
             else:
                 self.host.backstop.not_recorded(task)
-
-    def send_watches(self, watches: tuple[WatchList, ...]) -> None:
-        """Push each connection its new watch list (read-only descriptors of the blocks)."""
-        tasks = self.host.registry.tasks
-        for watch in watches:
-            peer = self.host.peers.get(watch.conn_id)
-            if peer is None:
-                continue
-            peer.watch_version = watch.version
-            blocks = [(t, c, tasks[t].controls[c]) for t, c in watch.blocks]
-            self._send_watch(peer, blocks)
-            peer.watching = watch.blocks
-
-    def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
-        """Push ``peer`` its watch list with read-only descriptors of the blocks, through its
-        outbox (the descriptors go with the message, whenever the client reads it)."""
-        fds: list[int] = []
-        try:
-            fds = [control.read_only_fd() for _t, _c, control in blocks]
-            owners = [self.host.peers.get(conn) for _t, conn, _b in blocks]
-            message = {
-                "push": "watch",
-                "tasks": [task_id for task_id, _c, _b in blocks],
-                # whose blocks: a gate left with barriers on them when this daemon is gone
-                # clears those of owners that exit (client/stranded.py)
-                "pids": [owner.pid if owner is not None else None for owner in owners],
-                "version": peer.watch_version,
-            }
-            data = encode({**message, "nfds": len(fds)} if fds else message, MAX_REPLY)
-        except (OSError, ProtocolError) as exc:
-            self.host.log(f"cannot send the watch list to process {peer.pid}: {exc}")
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            return
-        self.host.send(peer, data, fds)
 
     # ------------------------------------------------------------------ one task
     def suspend(

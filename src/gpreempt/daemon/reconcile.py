@@ -17,6 +17,7 @@ from ..mechanisms import kind
 from ..policy import Policy, Snapshot
 from ..policy.loop import LoopState, run_pass
 from .apply import Executor
+from .apply_gates import GateExecutor
 from .apply_memory import MemoryExecutor
 from .backstop import Backstop
 from .event_log import EventLog
@@ -35,6 +36,7 @@ class Host(Protocol):
     backstop: Backstop
     memory: MemoryExecutor
     executor: Executor
+    gates: GateExecutor
 
     def persist(self) -> None: ...
     def publish_states(self) -> None: ...
@@ -67,7 +69,7 @@ class Reconciler:
             if host.executor.apply_suspensions(todo, now):
                 host.persist()
                 host.publish_states()
-        host.executor.apply_gates(todo)
+        host.gates.apply_gates(todo)
         host.executor.apply_backstop(host.backstop.plan(now))
         due = [t for t in (todo.wake_at, host.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
@@ -93,7 +95,7 @@ class Reconciler:
             return
         snapshot = self.host.registry.snapshot(time.monotonic())
         watches = plan_watches(snapshot, self.task_facts(), self.peer_facts(), self.settings.watch)
-        self.host.executor.send_watches(watches)
+        self.host.gates.send_watches(watches)
 
     def _watches_due(self) -> bool:
         tasks = self.host.registry.tasks.values()

@@ -34,6 +34,7 @@ from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
 from ..policy.turns import DEFAULT_TURN_MS
 from . import limits as bounds
 from .apply import Executor
+from .apply_gates import GateExecutor
 from .apply_memory import MemoryExecutor
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
@@ -121,6 +122,7 @@ class Daemon:
             self.registry, self.limits, lambda: self.mechanisms, protected_pids
         )
         self.executor = Executor(self)
+        self.gates = GateExecutor(self)
         self.reconciler = Reconciler(self, built.decide, settings)
         self.handlers = Handlers(self)
         self.connections = Connections(
