@@ -6,8 +6,11 @@ import os
 import threading
 from types import SimpleNamespace
 
+from gpreempt.daemon.apply import Executor
 from gpreempt.daemon.backstop import Backstop
-from gpreempt.daemon.registry import Registry, Task
+from gpreempt.daemon.registry import Registry
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import TaskState, change_state
 from gpreempt.mechanisms.cuda_driver import CudaDriverError, ProcessState
 
@@ -43,6 +46,17 @@ class FakeEvents:
         self.records.append({"event": event, **fields})
 
 
+def apply(backstop: Backstop, now: float) -> None:
+    """One pass of the backstop: its plan, carried out by the daemon's executor."""
+    host = SimpleNamespace(
+        registry=backstop.registry,
+        events=backstop.events,
+        backstop=backstop,
+        record_stops=lambda about_to: True,
+    )
+    Executor(host).apply_backstop(backstop.plan(now))  # type: ignore[arg-type]
+
+
 def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
     daemon = SimpleNamespace(
         registry=Registry(),
@@ -50,15 +64,17 @@ def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
         mechanisms=SimpleNamespace(lock_unavailable=None),
     )
     task = Task(
-        task_id=daemon.registry.new_id(),
-        pid=4242,
-        pgid=None,
-        start_time=0,
-        uid=os.getuid(),
-        name="trainer",
-        priority=-100,
-        gpus=(0,),
-        mechanism=mechanism,
+        TaskIdentity(
+            task_id=daemon.registry.new_id(),
+            pid=4242,
+            pgid=None,
+            start_time=0,
+            uid=os.getuid(),
+            name="trainer",
+            priority=-100,
+            gpus=(0,),
+            mechanism=mechanism,
+        )
     )
     daemon.registry.add(task)
     change_state(task, TaskState.SUSPENDED, now=100.0, mechanism="gate")
@@ -71,7 +87,7 @@ def test_a_task_waiting_only_for_its_turn_is_not_locked() -> None:
     # closed for a peer's turn, not for a more important task
     change_state(task, TaskState.WAITING_TURN, now=120.0)
     assert backstop.next_due() is None
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     backstop.finish()
     assert driver.calls == [] and not task.backstop_locked
     change_state(task, TaskState.SUSPENDED, now=150.0)  # then a more important task started
@@ -82,10 +98,10 @@ def test_locks_after_the_delay_and_unlocks_before_resuming() -> None:
     driver = FakeDriver()
     daemon, task, backstop = setup(driver)
     assert backstop.next_due() == 100.05
-    backstop.apply(100.04)
+    apply(backstop, 100.04)
     backstop.finish()
     assert driver.calls == [] and not task.backstop_locked
-    backstop.apply(100.05)
+    apply(backstop, 100.05)
     backstop.finish()
     assert driver.calls == [("lock", 4242)] and task.backstop_locked
     assert daemon.events.records[-1]["event"] == "backstop"
@@ -98,7 +114,7 @@ def test_a_task_resumed_while_its_lock_is_taken_is_unlocked_when_it_is() -> None
     gate = threading.Event()
     driver = FakeDriver(release=gate)
     _daemon, task, backstop = setup(driver)
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     change_state(task, TaskState.RUNNING, now=200.0)
     backstop.release(task)  # the lock call is still waiting
     gate.set()
@@ -112,9 +128,10 @@ def test_only_auto_tasks_held_by_their_gate_qualify() -> None:
     for mechanism, used in (("gate", "gate"), ("auto", "signal"), ("auto", "lock")):
         driver = FakeDriver()
         _daemon, task, backstop = setup(driver, mechanism=mechanism)
-        task.suspended_with = used
+        change_state(task, TaskState.RUNNING, now=100.0)
+        change_state(task, TaskState.SUSPENDED, now=100.0, mechanism=used)
         assert backstop.next_due() is None
-        backstop.apply(1e9)
+        apply(backstop, 1e9)
         backstop.finish()
         assert driver.calls == []
 
@@ -130,7 +147,7 @@ def test_zero_delay_or_no_driver_turns_it_off() -> None:
 def test_a_failed_lock_is_reported_and_not_retried_until_the_task_resumes() -> None:
     driver = FakeDriver(fail=True)
     daemon, task, backstop = setup(driver)
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     backstop.finish()
     assert not task.backstop_locked
     assert daemon.events.records[-1]["event"] == "error"
@@ -151,7 +168,7 @@ def test_a_gate_whose_barriers_hold_its_work_is_not_locked() -> None:
         task.controls[1] = control
         control._set32(OFF_BARRIERS_ON, 1)  # what the native gate writes when it puts barriers
         assert backstop.next_due() is None
-        backstop.apply(200.0)
+        apply(backstop, 200.0)
         backstop.finish()
         assert driver.calls == [] and not task.backstop_locked
         control._set32(OFF_BARRIERS_ON, 0)  # barriers failed or off: the lock backs it up again
@@ -174,7 +191,7 @@ def test_a_task_whose_driver_gate_holds_is_not_locked() -> None:
     driver = FakeDriver()
     _daemon, task, backstop = setup(driver)
     task.controls[1] = _Block("on")
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     backstop.finish()
     assert driver.calls == [] and task.held_on_gpu
 
@@ -184,7 +201,7 @@ def test_a_released_driver_gate_is_backed_by_the_lock() -> None:
     driver = FakeDriver()
     _daemon, task, backstop = setup(driver)
     task.controls[1] = _Block("released", barriers_on=True)
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     backstop.finish()
     assert driver.calls == [("lock", 4242)] and not task.held_on_gpu
 
@@ -194,15 +211,15 @@ def test_work_going_on_behind_a_closed_gate_is_found_and_locked() -> None:
     daemon, task, backstop = setup(driver)
     block = _Block("on")
     task.controls[1] = block
-    backstop.apply(100.25)  # held 250 ms: the launches now must stand still
+    apply(backstop, 100.25)  # held 250 ms: the launches now must stand still
     assert task.hold_baseline == 1000
     block.driver_launches += 3  # a launch per thread it holds: no leak
-    backstop.apply(100.35)
+    apply(backstop, 100.35)
     assert not task.hold_leaked and driver.calls == []
     block.driver_launches += 500  # its work goes on
-    backstop.apply(100.45)
+    apply(backstop, 100.45)
     backstop.finish()
-    assert task.hold_leaked and task.hold_leaks == 1
+    assert task.hold_leaked and task.counters.hold_leaks == 1
     assert driver.calls == [("lock", 4242)]
     errors = [r for r in daemon.events.records if r["event"] == "error"]
     assert errors and "does not hold" in errors[0]["reason"]
@@ -215,9 +232,9 @@ def test_holds_are_checked_even_where_the_driver_has_no_lock() -> None:
     block = _Block("on")
     task.controls[1] = block
     assert backstop.next_due(100.0) == 100.2
-    backstop.apply(100.2)
+    apply(backstop, 100.2)
     block.driver_launches += 100
-    backstop.apply(100.3)
+    apply(backstop, 100.3)
     assert task.hold_leaked
     assert "no driver lock" in daemon.events.records[-1]["reason"]
 
@@ -229,23 +246,25 @@ def test_a_gate_closed_for_watched_tasks_is_not_counted() -> None:
     block = _Block("on")
     block.gate_word = 2
     task.controls[1] = block
-    backstop.apply(100.25)
+    apply(backstop, 100.25)
     block.driver_launches += 500  # the server is idle: the trainer runs
-    backstop.apply(100.35)
+    apply(backstop, 100.35)
     assert not task.hold_leaked and task.hold_baseline == 1500
 
 
 def _server(daemon, uid: int) -> Task:
     server = Task(
-        task_id=daemon.registry.new_id(),
-        pid=4343,
-        pgid=None,
-        start_time=0,
-        uid=uid,
-        name="server",
-        priority=100,
-        gpus=(0,),
-        mechanism="auto",
+        TaskIdentity(
+            task_id=daemon.registry.new_id(),
+            pid=4343,
+            pgid=None,
+            start_time=0,
+            uid=uid,
+            name="server",
+            priority=100,
+            gpus=(0,),
+            mechanism="auto",
+        )
     )
     daemon.registry.add(server)
     return server
@@ -258,10 +277,10 @@ def test_a_claim_of_barriers_spares_the_lock_only_before_the_own_user() -> None:
     daemon, task, backstop = setup(driver)
     task.controls[1] = _Block("none", barriers_on=True)
     _server(daemon, uid=task.uid)
-    backstop.apply(200.0)
+    apply(backstop, 200.0)
     backstop.finish()
     assert driver.calls == []
     _server(daemon, uid=task.uid + 1)  # now another user's server shares its GPU
-    backstop.apply(201.0)
+    apply(backstop, 201.0)
     backstop.finish()
     assert driver.calls == [("lock", 4242)]

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpreempt.daemon.apply import Executor
-from gpreempt.daemon.registry import Task
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import TaskState
 from gpreempt.mechanisms.base import Mechanism, Target
 
@@ -80,11 +81,11 @@ class Host:
 
 def test_a_degraded_suspension_is_an_event_and_a_counter() -> None:
     host = Host(HeldBySignal())
-    task = Task(1, 4242, None, 0, 0, "trainer", 10, (0,), "kfd")
+    task = Task(TaskIdentity(1, 4242, None, 0, 0, "trainer", 10, (0,), "kfd"))
     executor = Executor(host)  # type: ignore[arg-type]
     assert executor.suspend(task, now=0.0)
     assert task.state is TaskState.SUSPENDED and task.suspended_with == "signal"
-    assert task.degradations == 1
+    assert task.counters.degradations == 1
     kinds = [kind for kind, _ in host.events.lines]
     assert kinds == ["degraded", "suspend"]
     _, degraded = host.events.lines[0]

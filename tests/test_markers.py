@@ -429,12 +429,13 @@ def test_the_control_block_carries_the_marker() -> None:
 
 
 def test_a_task_names_what_marks_it(monkeypatch) -> None:
-    from gpreempt.daemon.registry import Task
+    from gpreempt.daemon.task import Task
+    from gpreempt.daemon.task_identity import TaskIdentity
 
     def control(marker: str = "", hinted: bool = False, gate: bool = False) -> Any:
         return types.SimpleNamespace(marker=marker, hinted=hinted, gate_installed=gate)
 
-    task = Task(1, 10, None, 0, 0, "srv", 100, (0,), "auto")
+    task = Task(TaskIdentity(1, 10, None, 0, 0, "srv", 100, (0,), "auto"))
     assert task.marker == "none"
     task.controls = {1: control(gate=True)}
     assert task.marker == "launches"
@@ -442,7 +443,8 @@ def test_a_task_names_what_marks_it(monkeypatch) -> None:
     assert task.marker == "request()"
     task.controls[3] = control("asgi", hinted=True)  # its front-end process
     assert task.marker == "asgi"
-    task.always_active = True
+    identity = TaskIdentity(1, 10, None, 0, 0, "srv", 100, (0,), "auto", always_active=True)
+    task = Task(identity, controls=task.controls)
     assert task.marker == "asgi"
     task.controls = {}
     assert task.marker == "always"

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpreempt.daemon.memory import GpuMemory
-from gpreempt.daemon.memory import MemoryManager as RealMemoryManager
-from gpreempt.daemon.registry import Registry, Task
+from gpreempt.daemon.apply_memory import MemoryExecutor
+from gpreempt.daemon.memory import GpuMemory, MemoryMover
+from gpreempt.daemon.registry import Registry
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.errors import MechanismFailed, MechanismUnavailable, UsageError
 from gpreempt.mechanisms.cuda_driver import ProcessState
 
@@ -73,21 +75,16 @@ def fake_daemon() -> SimpleNamespace:
     )
 
 
-def MemoryManager(daemon, probe, driver=None) -> RealMemoryManager:  # noqa: N802
-    """The manager with the fake daemon's registry and events; a restore marks it dirty."""
+def memory_executor(daemon, probe, driver=None) -> MemoryExecutor:
+    """Eviction with the fake daemon's registry and events, the fake memory readings and
+    driver; a restore marks the daemon dirty."""
 
     def on_change(event: str) -> None:
         if event == "restore":
             daemon.dirty = True
 
-    return RealMemoryManager(
-        daemon.registry,
-        daemon.events,
-        probe,
-        driver,
-        lock_unavailable=daemon.mechanisms.lock_unavailable,
-        on_change=on_change,
-    )
+    mover = MemoryMover(probe, driver, lock_unavailable=daemon.mechanisms.lock_unavailable)
+    return MemoryExecutor(daemon.registry, daemon.events, mover, on_change=on_change)
 
 
 @pytest.fixture
@@ -99,7 +96,7 @@ def sleeper():
 
 
 def add_task(daemon, pid: int, name: str, priority: int, **extra) -> Task:
-    task = Task(
+    identity = TaskIdentity(
         task_id=daemon.registry.new_id(),
         pid=pid,
         pgid=None,
@@ -111,6 +108,7 @@ def add_task(daemon, pid: int, name: str, priority: int, **extra) -> Task:
         mechanism="auto",
         **extra,
     )
+    task = Task(identity)
     daemon.registry.add(task)
     return task
 
@@ -118,11 +116,11 @@ def add_task(daemon, pid: int, name: str, priority: int, **extra) -> Task:
 def test_evict_then_restore(sleeper) -> None:
     daemon, driver = fake_daemon(), FakeDriver()
     probe = FakeProbe(free=1 * GiB, footprints={sleeper.pid: 4 * GiB})
-    memory = MemoryManager(daemon, probe, driver)
+    memory = memory_executor(daemon, probe, driver)
     task = add_task(daemon, sleeper.pid, "trainer", -100)
     memory.evict(task, "test")
     assert driver.calls == [("lock", sleeper.pid), ("checkpoint", sleeper.pid)]
-    assert task.evicted and task.suspended and task.evicted_bytes == 4 * GiB
+    assert task.evicted and task.suspended and task.counters.evicted_bytes == 4 * GiB
     assert daemon.events.records[-1]["event"] == "evict"
     assert daemon.events.records[-1]["bytes"] == 4 * GiB
     # No room yet: the restore waits instead of risking an out-of-memory restore.
@@ -136,7 +134,7 @@ def test_evict_then_restore(sleeper) -> None:
 
 def test_refuses_twice_and_restore_of_resident(sleeper) -> None:
     daemon, driver = fake_daemon(), FakeDriver()
-    memory = MemoryManager(daemon, FakeProbe(GiB, {sleeper.pid: GiB}), driver)
+    memory = memory_executor(daemon, FakeProbe(GiB, {sleeper.pid: GiB}), driver)
     task = add_task(daemon, sleeper.pid, "t", 0)
     with pytest.raises(UsageError, match="not evicted"):
         memory.restore(task, "test")
@@ -147,7 +145,7 @@ def test_refuses_twice_and_restore_of_resident(sleeper) -> None:
 
 def test_refuses_multi_gpu(sleeper) -> None:
     daemon = fake_daemon()
-    memory = MemoryManager(daemon, FakeProbe(GiB, {}), FakeDriver())
+    memory = memory_executor(daemon, FakeProbe(GiB, {}), FakeDriver())
     task = add_task(daemon, sleeper.pid, "ddp", 0, gpus=(0, 1))
     with pytest.raises(MechanismUnavailable, match="multi-GPU"):
         memory.evict(task, "test")
@@ -158,7 +156,7 @@ def test_refuses_mps_client(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "60"], env=env)
     try:
         daemon = fake_daemon()
-        memory = MemoryManager(daemon, FakeProbe(GiB, {}), FakeDriver())
+        memory = memory_executor(daemon, FakeProbe(GiB, {}), FakeDriver())
         task = add_task(daemon, proc.pid, "mps", 0)
         with pytest.raises(MechanismUnavailable, match="MPS"):
             memory.evict(task, "test")
@@ -169,7 +167,7 @@ def test_refuses_mps_client(tmp_path: Path) -> None:
 
 def test_refuses_when_host_memory_is_short(sleeper) -> None:
     daemon, driver = fake_daemon(), FakeDriver()
-    memory = MemoryManager(daemon, FakeProbe(GiB, {sleeper.pid: 8 * GiB}, host=4 * GiB), driver)
+    memory = memory_executor(daemon, FakeProbe(GiB, {sleeper.pid: 8 * GiB}, host=4 * GiB), driver)
     task = add_task(daemon, sleeper.pid, "big", 0)
     with pytest.raises(MechanismFailed, match="host memory"):
         memory.evict(task, "test")
@@ -179,7 +177,7 @@ def test_refuses_when_host_memory_is_short(sleeper) -> None:
 def test_failed_state_is_surfaced(sleeper) -> None:
     daemon, driver = fake_daemon(), FakeDriver()
     driver.states[sleeper.pid] = ProcessState.FAILED
-    memory = MemoryManager(daemon, FakeProbe(GiB, {}), driver)
+    memory = memory_executor(daemon, FakeProbe(GiB, {}), driver)
     task = add_task(daemon, sleeper.pid, "broken", 0)
     with pytest.raises(MechanismFailed, match="FAILED"):
         memory.evict(task, "test")
@@ -187,7 +185,7 @@ def test_failed_state_is_surfaced(sleeper) -> None:
 
 def test_failed_restore_is_surfaced(sleeper) -> None:
     daemon, driver = fake_daemon(), FakeDriver()
-    memory = MemoryManager(daemon, FakeProbe(10 * GiB, {sleeper.pid: GiB}), driver)
+    memory = memory_executor(daemon, FakeProbe(10 * GiB, {sleeper.pid: GiB}), driver)
     task = add_task(daemon, sleeper.pid, "t", 0)
     memory.evict(task, "test")
     driver.fail_restore = True
@@ -199,7 +197,7 @@ def test_failed_restore_is_surfaced(sleeper) -> None:
 def test_no_driver_is_a_clear_refusal(sleeper) -> None:
     daemon = fake_daemon()
     daemon.mechanisms.lock_unavailable = "libcuda.so.1 could not be loaded"
-    memory = MemoryManager(daemon, FakeProbe(GiB, {}))
+    memory = memory_executor(daemon, FakeProbe(GiB, {}))
     task = add_task(daemon, sleeper.pid, "t", 0)
     with pytest.raises(MechanismUnavailable, match="checkpoint API"):
         memory.evict(task, "test")
@@ -213,12 +211,13 @@ def test_reserve_evicts_lowest_priority_then_largest_and_restores_later() -> Non
         probe = FakeProbe(
             free=2 * GiB, footprints={low_small: 3 * GiB, low_big: 6 * GiB, normal: 10 * GiB}
         )
-        memory = MemoryManager(daemon, probe, driver)
+        memory = memory_executor(daemon, probe, driver)
         add_task(daemon, low_small, "low-small", -100)
         big = add_task(daemon, low_big, "low-big", -100)
         add_task(daemon, normal, "normal", 0)
         server = add_task(daemon, os.getpid(), "server", 100, reserve_bytes=7 * GiB)
-        server.always_active = True
+        serving = {"now": True}  # what its control block says
+        server.controls[1] = SimpleNamespace(is_active=lambda: serving["now"])
         memory.enforce_reserves()
         evicted = [c[1] for c in driver.calls if c[0] == "checkpoint"]
         assert evicted == [low_big]  # 2 + 6 >= 7: the largest low task was enough
@@ -228,7 +227,7 @@ def test_reserve_evicts_lowest_priority_then_largest_and_restores_later() -> Non
         memory.enforce_reserves()
         assert big.evicted
         # Reserve released long enough ago: restored.
-        server.always_active = False
+        serving["now"] = False
         memory.reserve_active_at[0] -= 60
         memory.enforce_reserves()
         assert not big.evicted
@@ -255,7 +254,7 @@ def test_refuses_nccl_job(tmp_path: Path) -> None:
     try:
         assert proc.stdout.readline().strip() == b"ready"
         daemon = fake_daemon()
-        memory = MemoryManager(daemon, FakeProbe(GiB, {}), FakeDriver())
+        memory = memory_executor(daemon, FakeProbe(GiB, {}), FakeDriver())
         task = add_task(daemon, proc.pid, "nccl", 0)
         with pytest.raises(MechanismUnavailable, match="NCCL"):
             memory.evict(task, "test")

@@ -29,7 +29,7 @@ SPELLED = {name.value for name in (*MechanismName, *PolicyName)}
 #: (module, text): a string that spells a name and means something else, with what it means.
 HOMONYMS: dict[tuple[str, str], str] = {
     ("gpreempt.cli.queues", "auto"): "--vendor auto: whichever GPU vendor is present",
-    ("gpreempt.daemon.registry", "gate"): "the status field that describes the task's gate",
+    ("gpreempt.daemon.task", "gate"): "the status field that describes the task's gate",
     ("gpreempt.cli.top", "gate"): "that status field, read",
     ("gpreempt.cli.status", "gate"): "that status field, read",
     ("gpreempt.cli.selftest", "gate"): "that status field, read",

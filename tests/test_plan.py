@@ -14,10 +14,12 @@ from gpreempt.daemon.plan import (
     PlanSettings,
     Suspension,
     TaskFacts,
+    WaitFor,
     WatchList,
     next_watch_version,
     plan,
 )
+from gpreempt.names import MechanismName
 from gpreempt.policy import Decision, Snapshot, TaskView, decide_hpf
 
 SETTINGS = PlanSettings(
@@ -32,9 +34,11 @@ def facts(task_id: int, priority: int, **fields) -> TaskFacts:
         "uid": 1000,
         "suspended": False,
         "held": False,
+        "waiting_turn": False,
         "evicted": False,
         "unprotected": False,
         "closes_gate": True,
+        "backed_up": False,
         "always_active": False,
         "controls": (task_id,),
         "window_share_ms": None,
@@ -123,7 +127,30 @@ def test_a_held_task_is_suspended_whatever_the_policy_says_and_never_for_a_turn(
     decision = Decision(suspend=frozenset({2}), turns=frozenset({1, 2}))
     result = plan(snapshot, decision, tasks, [], SETTINGS)
     assert result.suspend == (Suspension(1, turn=False), Suspension(2, turn=True))
-    assert result.turns == {2}
+
+
+def test_a_suspended_task_whose_reason_to_wait_changed_is_told_so() -> None:
+    tasks = [
+        facts(1, 0, suspended=True, waiting_turn=True, held=True),  # held: not for a turn
+        facts(2, 0, suspended=True),  # now only its turn
+        facts(3, 0, suspended=True, waiting_turn=True),  # still its turn
+        facts(4, 0, suspended=True, evicted=True),  # evicted: it waits for its restore
+    ]
+    snapshot = snapshot_of(tasks, active=set())
+    decision = Decision(suspend=frozenset({2, 3, 4}), turns=frozenset({1, 2, 3, 4}))
+    result = plan(snapshot, decision, tasks, [], SETTINGS)
+    assert result.wait_changes == (WaitFor(1, turn=False), WaitFor(2, turn=True))
+    assert result.suspend == () and result.resume == ()
+
+
+def test_the_plan_says_what_suspends_a_task_whose_own_mechanism_fails() -> None:
+    tasks = [facts(1, 100), facts(2, 0, backed_up=True), facts(3, -100)]
+    snapshot = snapshot_of(tasks, active={1})
+    result = plan(snapshot, decide_hpf(snapshot), tasks, [], SETTINGS)
+    assert result.suspend == (
+        Suspension(3, turn=False, fallback=None),
+        Suspension(2, turn=False, fallback=MechanismName.SIGNAL),
+    )
 
 
 def test_only_changes_are_planned_for_shares_sleep_and_watch_lists() -> None:

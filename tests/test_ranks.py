@@ -7,7 +7,8 @@ import os
 import pytest
 
 from gpreempt.client.ranks import rank_gpu
-from gpreempt.daemon.registry import Task
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.field_checks import MAX_GPUS
 
 
@@ -34,10 +35,10 @@ def test_a_ranks_gpu_follows_the_launchers_conventions(environ: dict, gpu: int |
 
 
 def _task(gpus: tuple[int, ...]) -> Task:
-    return Task(
+    return Task(TaskIdentity(
         task_id=1, pid=10, pgid=None, start_time=1, uid=0, name="job", priority=-100,
         gpus=gpus, mechanism="auto",
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def test_a_task_is_counted_on_each_gpu_its_ranks_use_once() -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpreempt.daemon.registry import Task
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import StateLog, TaskState
 
 DAEMON_DIR = Path(__file__).resolve().parent.parent / "src" / "gpreempt" / "daemon"
@@ -40,7 +41,7 @@ class Metrics:
 
 
 def task() -> Task:
-    return Task(1, 4242, None, 0, os.getuid(), "trainer", -100, (2,), "auto")
+    return Task(TaskIdentity(1, 4242, None, 0, os.getuid(), "trainer", -100, (2,), "auto"))
 
 
 def test_a_suspension_and_its_resume_are_each_one_event_and_one_metric() -> None:

@@ -6,12 +6,13 @@ import os
 
 import pytest
 
-from gpreempt.daemon.registry import Task
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import STOPPED, TRANSITIONS, StateError, TaskState, change_state
 
 
 def task() -> Task:
-    return Task(1, 4242, None, 0, os.getuid(), "trainer", -100, (0,), "auto")
+    return Task(TaskIdentity(1, 4242, None, 0, os.getuid(), "trainer", -100, (0,), "auto"))
 
 
 def test_a_preemption_and_its_turns_keep_their_times() -> None:

@@ -14,9 +14,10 @@ from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, 
 
 from gpreempt.control import CLOSED, closed_while_watched, released_by_watch
 from gpreempt.control_block import ControlBlock
-from gpreempt.daemon.registry import Task
 from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer
 from gpreempt.daemon.server import Daemon as DaemonServer
+from gpreempt.daemon.task import Task
+from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import TaskState, change_state
 from gpreempt.policy.hpf import decide_hpf
 from gpreempt.policy.snapshot import Snapshot, TaskView
@@ -102,7 +103,11 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         ]
         for (task_id, uid, priority), block in zip(specs, blocks, strict=True):
             daemon.registry.add(
-                Task(task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate")
+                Task(
+                    TaskIdentity(
+                        task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate"
+                    )
+                )
             )
             daemon.registry.tasks[task_id].controls[task_id] = block
             recorder = Recorder()
@@ -198,7 +203,11 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
         blocks = [ControlBlock.create() for _ in range(4)]
         specs = [(1, 1000, 100), (2, 2000, 100), (3, 1000, -100), (4, 2000, -100)]
         for (task_id, uid, priority), block in zip(specs, blocks, strict=True):
-            task = Task(task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate")
+            task = Task(
+                TaskIdentity(
+                    task_id, 100 + task_id, None, 0, uid, f"t{task_id}", priority, (0,), "gate"
+                )
+            )
             task.controls[task_id] = block
             daemon.registry.add(task)
             recorder = Recorder()
@@ -219,7 +228,7 @@ def test_the_daemon_lets_a_gate_go_on_by_itself_only_for_tasks_it_watches(tmp_pa
                 change_state(tasks[task_id], TaskState.SUSPENDED, now=0.0, mechanism="gate")
             blocks[task_id - 1].set_gate(True)
         snapshot = daemon.registry.snapshot(0.0)
-        daemon.executor.apply_gates(daemon.reconciler.plan(snapshot, decide_hpf(snapshot)))
+        daemon.gates.apply_gates(daemon.reconciler.plan(snapshot, decide_hpf(snapshot)))
         return [block.gate_word for block in blocks]
 
     daemon, blocks = build()

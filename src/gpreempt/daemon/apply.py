@@ -1,10 +1,10 @@
-"""Carry out a :class:`~gpreempt.daemon.plan.Plan`: suspend, resume, write control blocks,
-send watch lists.
+"""Carry out a :class:`~gpreempt.daemon.plan.Plan`: suspend and resume (the gates are told
+the rest by apply_gates.py), and the backstop's plan (backstop_plan.py).
 
-Everything here acts on the world (signals, driver calls, shared memory, sockets) and records
-what happened (the task's counters, the event log, metrics); what to do was decided by
-``daemon/plan.py``. A suspension can fail: the task then shows as ``unprotected`` until a
-suspension succeeds or the policy no longer wants it.
+Everything here acts on the world (signals, driver calls, shared memory) and records what
+happened (the task's counters, the event log, metrics); what to do was decided by
+``daemon/plan.py`` and ``daemon/backstop_plan.py``. A suspension can fail: the task then shows
+as ``unprotected`` until a suspension succeeds or the policy no longer wants it.
 
 Record before acting: a stop that outlives the daemon (a signal, a driver lock, unmapped
 queues) is written to the state file before it is made (persist.py), all of one pass's in
@@ -16,30 +16,27 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..control import CLOSED, closed_while_watched
-from ..control_block import ControlBlock
-from ..errors import GpreemptError, NoSuchProcess, ProtocolError
+from ..errors import GpreemptError, NoSuchProcess
 from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
-from ..protocol import MAX_REPLY, encode
 from .backstop import Backstop
+from .backstop_plan import BackstopPlan
 from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
-from .peer import Peer
-from .plan import Plan, WatchList
-from .registry import Registry, Task
+from .plan import Plan
+from .registry import Registry
+from .task import Task
 from .task_state import StateLog, TaskState
 
 
 class Host(Protocol):
-    """What the executor uses of the daemon: its tasks, connections and mechanisms."""
+    """What the executor uses of the daemon: its tasks, mechanisms and state files."""
 
     registry: Registry
-    peers: dict[int, Peer]
     mechanisms: MechanismSet
     events: EventLog
     backstop: Backstop
@@ -47,7 +44,6 @@ class Host(Protocol):
     census: GroupCensus
     log: Callable[[str], None]
 
-    def send(self, peer: Peer, data: bytes, fds: list[int] | None = None) -> None: ...
     def record_stops(self, about_to: dict[int, str]) -> bool: ...
     def state_files_error(self) -> str | None: ...
 
@@ -68,31 +64,28 @@ class Executor:
         return StateLog(self.host.events, self.host.metrics)
 
     # ------------------------------------------------------------------ plans
+    def credit_run_time(self, run_seconds: Mapping[int, float]) -> None:
+        """Record the GPU time the scheduling loop credited each task with (by task id)."""
+        tasks = self.host.registry.tasks
+        for task_id, seconds in run_seconds.items():
+            tasks[task_id].counters.run_seconds = seconds
+
     def apply_suspensions(self, plan: Plan, now: float) -> bool:
         """Suspend, then resume, as ``plan`` says; returns whether any task's state changed
         (what a successor daemon must know then changed too)."""
         tasks = self.host.registry.tasks
         changed = False
         # Suspend first: a more important task is waiting for these.
-        todo = {s.task_id: s for s in plan.suspend}
-        self._record_first([tasks[t] for t in todo if t in tasks])
-        for task in sorted(tasks.values(), key=lambda t: t.priority):
-            turn = task.task_id in plan.turns
-            step = todo.get(task.task_id)
-            if step is not None:
-                changed |= self.suspend(task, "turn" if step.turn else None, now=now)
-            # a suspended task waits either for its turn or for a more important task
-            wanted = TaskState.WAITING_TURN if turn else TaskState.SUSPENDED
-            if task.state in (TaskState.SUSPENDED, TaskState.WAITING_TURN) and (
-                task.state is not wanted
-            ):
-                self.states.settled(task, wanted, now=now)
+        self._record_first([tasks[s.task_id] for s in plan.suspend])
+        for step in plan.suspend:
+            reason = "turn" if step.turn else None
+            changed |= self.suspend(tasks[step.task_id], reason, now=now, fallback=step.fallback)
+        # a suspended task waits either for its turn or for a more important task
+        for wait in plan.wait_changes:
+            wanted = TaskState.WAITING_TURN if wait.turn else TaskState.SUSPENDED
+            self.states.settled(tasks[wait.task_id], wanted, now=now)
         for task_id in plan.protected_again:
-            task = tasks[task_id]  # no longer unprotected: nothing to stop
-            if task.state is TaskState.UNPROTECTED:
-                self.states.settled(task, TaskState.RUNNING, now=now)
-            else:
-                task.suspend_error = None  # the reason of a failure before it was evicted
+            self.states.protected_again(tasks[task_id], now=now)
             changed = True
         for task_id in plan.resume:
             changed |= self.resume(tasks[task_id], reason="policy")
@@ -129,75 +122,45 @@ class Executor:
             return True
         return False
 
-    def apply_gates(self, plan: Plan) -> None:
-        """Tell the gates their in-flight shares and sleep permissions, send the watch lists
-        that changed, and set the word of every closed gate: closed only while its watched
-        tasks are active where the plan allows it, else closed plainly."""
+    def apply_backstop(self, plan: BackstopPlan) -> None:
+        """Carry out the backstop's plan (backstop_plan.py): note each hold's baseline, report
+        each hold that leaks, and lock the tasks it names, each recorded first."""
         tasks = self.host.registry.tasks
-        for task_id, share in plan.window_shares:
+        for baseline in plan.baselines:
+            tasks[baseline.task_id].hold_baseline = baseline.launches
+        for leak in plan.leaks:
+            task = tasks[leak.task_id]
+            task.hold_leaked = True
+            task.counters.hold_leaks += 1
+            fallback = "the driver lock backs it up" if leak.locked else "no driver lock here"
+            self.host.events.write(
+                "error",
+                **task.event_fields(),
+                mechanism=task.suspended_with,
+                reason=(
+                    f"its suspension does not hold: {leak.moved} launches while its gate was "
+                    f"closed; {fallback}"
+                ),
+            )
+        for task_id in plan.locks:
             task = tasks[task_id]
-            task.window_share_ms = share
-            for control in task.controls.values():
-                control.set_window_share(share)
-        for task_id, ok in plan.sleep:
-            task = tasks[task_id]
-            task.sleep_ok = ok
-            for control in task.controls.values():
-                control.set_sleep_ok(ok)
-        self.send_watches(plan.watches or ())
-        for task in tasks.values():
-            for conn, control in task.controls.items():
-                word = control.gate_word
-                if word == 0:
-                    continue  # open, or not this mechanism's to close
-                version = plan.releases.get((task.task_id, conn), 0) if task.suspended else 0
-                if version:
-                    if word != closed_while_watched(version):
-                        control.close_while_watched(version)
-                elif word != CLOSED:
-                    control.set_gate(True)
-
-    def send_watches(self, watches: tuple[WatchList, ...]) -> None:
-        """Push each connection its new watch list (read-only descriptors of the blocks)."""
-        tasks = self.host.registry.tasks
-        for watch in watches:
-            peer = self.host.peers.get(watch.conn_id)
-            if peer is None:
-                continue
-            peer.watch_version = watch.version
-            blocks = [(t, c, tasks[t].controls[c]) for t, c in watch.blocks]
-            self._send_watch(peer, blocks)
-            peer.watching = watch.blocks
-
-    def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
-        """Push ``peer`` its watch list with read-only descriptors of the blocks, through its
-        outbox (the descriptors go with the message, whenever the client reads it)."""
-        fds: list[int] = []
-        try:
-            fds = [control.read_only_fd() for _t, _c, control in blocks]
-            owners = [self.host.peers.get(conn) for _t, conn, _b in blocks]
-            message = {
-                "push": "watch",
-                "tasks": [task_id for task_id, _c, _b in blocks],
-                # whose blocks: a gate left with barriers on them when this daemon is gone
-                # clears those of owners that exit (client/stranded.py)
-                "pids": [owner.pid if owner is not None else None for owner in owners],
-                "version": peer.watch_version,
-            }
-            data = encode({**message, "nfds": len(fds)} if fds else message, MAX_REPLY)
-        except (OSError, ProtocolError) as exc:
-            self.host.log(f"cannot send the watch list to process {peer.pid}: {exc}")
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            return
-        self.host.send(peer, data, fds)
+            if self.host.record_stops({task_id: MechanismName.LOCK}):
+                self.host.backstop.lock(task)
+            else:
+                self.host.backstop.not_recorded(task)
 
     # ------------------------------------------------------------------ one task
-    def suspend(self, task: Task, reason: str | None = None, *, now: float) -> bool:
-        """Suspend ``task`` by its mechanism; ``reason`` for the event log (default: held or
-        policy; ``turn``: only for a peer's turn); ``now``: the pass's daemon time. Returns
-        whether its state changed."""
+    def suspend(
+        self,
+        task: Task,
+        reason: str | None = None,
+        *,
+        now: float,
+        fallback: str | None = None,
+    ) -> bool:
+        """Suspend ``task`` by its mechanism, else by ``fallback`` (the plan's); ``reason``
+        for the event log (default: held or policy; ``turn``: only for a peer's turn);
+        ``now``: the pass's daemon time. Returns whether its state changed."""
         mechanisms = self.host.mechanisms
         mechanism = mechanisms.get(task.mechanism)
         choose = getattr(mechanism, "choose", None)
@@ -212,28 +175,27 @@ class Executor:
         except NoSuchProcess:
             return False
         except GpreemptError as exc:
-            if not mechanism.backed_up:
+            if fallback is None:
                 return self._suspend_failed(task, task.mechanism, exc, now)
-            if not self._recorded_first(task, MechanismName.SIGNAL):
-                return self._unrecorded(task, MechanismName.SIGNAL, now)
+            if not self._recorded_first(task, fallback):
+                return self._unrecorded(task, fallback, now)
             try:
-                with self._authority(task, MechanismName.SIGNAL):
-                    signal_target = self.target(task, MechanismName.SIGNAL)
-                    used = mechanisms.get(MechanismName.SIGNAL).suspend(signal_target)
+                with self._authority(task, fallback):
+                    used = mechanisms.get(fallback).suspend(self.target(task, fallback))
             except NoSuchProcess:
                 return False
-            except GpreemptError as fallback:
-                return self._suspend_failed(task, MechanismName.SIGNAL, fallback, now)
+            except GpreemptError as failed:
+                return self._suspend_failed(task, fallback, failed, now)
         latency_ms = (time.perf_counter() - start) * 1e3
         degraded = mechanism.take_degradation(self.target(task, concrete.name))
         if degraded is not None:
             self._degraded(task, used, degraded)
         turn = reason == "turn"
         if turn:
-            task.turns += 1
+            task.counters.turns += 1
         else:
-            task.preemptions += 1
-        task.last_suspend_ms = round(latency_ms, 4)
+            task.counters.preemptions += 1
+        task.counters.last_suspend_ms = round(latency_ms, 4)
         self.states.suspended(
             task,
             turn=turn,
@@ -258,11 +220,8 @@ class Executor:
         policy no longer wants it. The event log gets one line per new reason, not one per
         retry. Returns whether the task's state changed."""
         reason = f"suspend failed: {exc}"
-        if self.host.metrics is not None:
-            self.host.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
-        if task.suspend_error == reason:
+        if not self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now):
             return False
-        self.states.unprotected(task, mechanism=mechanism, reason=reason, now=now)
         self.host.log(f"{task.name} (pid {task.pid}) is unprotected: {reason}")
         return True
 
@@ -270,7 +229,7 @@ class Executor:
         """Record that ``task``'s mechanism held less than it promises (kfd that suspended
         none of the task's queues, say) and ``used`` held it instead: an event, the task's
         counter, and a failure of its mechanism in the metrics."""
-        task.degradations += 1
+        task.counters.degradations += 1
         self.host.events.write(
             "degraded", **task.event_fields(), mechanism=task.mechanism, used=used, reason=reason
         )
@@ -297,7 +256,7 @@ class Executor:
             )
             return False
         latency_ms = (time.perf_counter() - start) * 1e3
-        task.suspended_seconds += self.states.resumed(
+        task.counters.suspended_seconds += self.states.resumed(
             task, mechanism=used, latency_ms=latency_ms, reason=reason, now=time.monotonic()
         )
         return True
@@ -314,9 +273,10 @@ class Executor:
         or where every member belongs to its owner (a root daemon could otherwise stop a
         root process in a user's job), else its process alone; signals go to the process
         that started at its start time."""
-        whole = task.pgid is None or os.geteuid() != 0 or task.uid == 0
+        pgid = task.identity.pgid
+        whole = pgid is None or os.geteuid() != 0 or task.uid == 0
         whole = whole or (mechanism == MechanismName.SIGNAL and self.authority.usable(task.uid))
         if not whole:
-            assert task.pgid is not None
-            whole = self.host.census.owned_by(task.pgid, task.uid)
+            assert pgid is not None
+            whole = self.host.census.owned_by(pgid, task.uid)
         return task.target(whole_group=whole)

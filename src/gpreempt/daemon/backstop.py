@@ -23,6 +23,9 @@ its gate word is closed outright (a hold by hand, or a watch list the gate does 
 launches its driver-level gates saw must stand still (each held thread counts the one launch it
 holds). If they move on, the task's work escaped its gate: that is an ``error`` event, a count in
 its status (``hold_leaks``), and the driver lock for the rest of the suspension.
+
+These rules are pure functions over frozen facts (backstop_plan.py); the executor (apply.py)
+carries out what they return, with the lock calls of this module's :class:`Backstop`.
 """
 
 from __future__ import annotations
@@ -31,30 +34,27 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
+from . import backstop_plan
+from .backstop_plan import BackstopPlan, HoldFacts
 from .event_log import EventLog
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 #: How long a task stays held by its gate before the lock backs it up, by default.
 DEFAULT_DELAY_MS = 50.0
 #: How long one backstop lock may wait for the task's queued work.
 LOCK_TIMEOUT_MS = 1000
-#: After this long held, a gated task's launches must stand still.
-SETTLE_MS = 200.0
-#: How often they are looked at, while it stays suspended.
-CHECK_PERIOD_MS = 100.0
-#: Launches a held process may still count per channel (a launch per thread it holds).
-LEAK_SLACK = 16
 
 
 class Backstop:
     """Locks gate-held ``auto`` tasks after a delay; unlocks them before they resume.
 
-    It reads the tasks of ``registry`` and writes what it does to ``events``;
+    It reads the tasks of ``registry`` (the facts its rules decide on, backstop_plan.py),
+    takes the locks the executor asks for and writes what they did to ``events``;
     ``lock_available``: whether this machine's driver offers the lock (without a ``driver``
     given, the backstop is off where it does not). ``wake_fd`` is written to when a lock
     call finishes, to wake the daemon's loop, which then calls :meth:`collect`.
@@ -69,7 +69,6 @@ class Backstop:
         *,
         lock_available: bool = True,
         wake_fd: int | None = None,
-        record: Callable[[dict[int, str]], bool] | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -77,8 +76,6 @@ class Backstop:
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
-        #: Records a lock before it is taken (persist.py); False: it could not, so no lock.
-        self._record = record
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
@@ -97,87 +94,43 @@ class Backstop:
     def driver(self) -> CheckpointDriver:
         return self._driver if self._driver is not None else CheckpointDriver.get()
 
-    def _eligible(self, task: Task) -> bool:
-        return (
-            kind(task.mechanism).backed_up
-            and task.suspended
-            and kind(task.suspended_with).in_process
-            and task.preempted_since is not None
-            and not (task.held_on_gpu and not self._for_another_user(task))
-            and not task.backstop_locked
-            and task.task_id not in self._locking
-            and task.task_id not in self._failed
+    def facts(self) -> tuple[HoldFacts, ...]:
+        """Every task as the backstop's rules read it (backstop_plan.py)."""
+        return tuple(self._facts(task) for task in self.registry.tasks.values())
+
+    def _facts(self, task: Task) -> HoldFacts:
+        """``task`` as the rules read it, with what this backstop tried on it."""
+        gate_holds = task.suspended and kind(task.suspended_with).in_process
+        return HoldFacts(
+            task_id=task.task_id,
+            uid=task.uid,
+            priority=task.priority,
+            gpus=task.gpus,
+            held=task.held,
+            backed_up=kind(task.mechanism).backed_up,
+            gate_held_since=task.preempted_since if gate_holds else None,
+            held_on_gpu=task.held_on_gpu,
+            lock_tried=task.backstop_locked
+            or task.task_id in self._locking
+            or task.task_id in self._failed,
+            counts_launches=task.driver_gate == "on",
+            launches=task.driver_launches,
+            channels=len(task.controls),
+            must_stand_still=self._must_stand_still(task),
+            hold_baseline=task.hold_baseline,
+            hold_leaked=task.hold_leaked,
         )
 
-    def _for_another_user(self, task: Task) -> bool:
-        """Whether a more important task of another user shares a GPU with ``task``: its
-        gate's own words (barriers on, driver-level gate on) then do not spare it the lock.
-        What a client writes in its block may only hurt its own user: a task that claims a
-        gate it does not have is locked like any other once the delay has passed."""
-        return any(
-            other.uid != task.uid
-            and other.priority > task.priority
-            and not other.held
-            and set(other.gpus) & set(task.gpus)
-            for other in self.registry.tasks.values()
-        )
-
-    @staticmethod
-    def _checked(task: Task) -> bool:
-        """Whether the task's hold is checked now: its gate holds it, and it has a driver-level
-        gate that counts its launches."""
-        return (
-            task.suspended
-            and kind(task.suspended_with).in_process
-            and task.preempted_since is not None
-            and not task.hold_leaked
-            and task.driver_gate == "on"
+    def plan(self, now: float) -> BackstopPlan:
+        """What the backstop does now: the holds to check, the tasks to lock."""
+        return backstop_plan.plan_backstop(
+            self.facts(), now, delay_s=self.delay_s, lock=self.enabled
         )
 
     def next_due(self, now: float | None = None) -> float | None:
         """Daemon time (monotonic) at which a task next needs its lock or a check, if any."""
         now = time.monotonic() if now is None else now
-        due = [
-            max(t.preempted_since + SETTLE_MS / 1e3, now + CHECK_PERIOD_MS / 1e3)
-            if t.hold_baseline is not None
-            else t.preempted_since + SETTLE_MS / 1e3
-            for t in self.registry.tasks.values()
-            if self._checked(t) and t.preempted_since is not None
-        ]
-        if self.enabled:
-            due += [
-                t.preempted_since + self.delay_s
-                for t in self.registry.tasks.values()
-                if self._eligible(t) and t.preempted_since is not None
-            ]
-        return min(due) if due else None
-
-    def check_holds(self, now: float) -> None:
-        """Find suspensions whose work goes on (module docstring)."""
-        for task in self.registry.tasks.values():
-            if not self._checked(task) or task.preempted_since is None:
-                continue
-            if now < task.preempted_since + SETTLE_MS / 1e3:
-                continue
-            launches = task.driver_launches
-            if task.hold_baseline is None or not self._must_stand_still(task):
-                task.hold_baseline = launches  # counted from the next check
-                continue
-            moved = launches - task.hold_baseline
-            if moved <= LEAK_SLACK * max(1, len(task.controls)):
-                continue
-            task.hold_leaked = True
-            task.hold_leaks += 1
-            fallback = "the driver lock backs it up" if self.enabled else "no driver lock here"
-            self.events.write(
-                "error",
-                **task.event_fields(),
-                mechanism=task.suspended_with,
-                reason=(
-                    f"its suspension does not hold: {moved} launches while its gate was "
-                    f"closed; {fallback}"
-                ),
-            )
+        return backstop_plan.next_due(self.facts(), now, delay_s=self.delay_s, lock=self.enabled)
 
     @staticmethod
     def _must_stand_still(task: Task) -> bool:
@@ -187,26 +140,18 @@ class Backstop:
         the CPU may queue on behind them (docs/gate.md): its launches then prove nothing."""
         return any(c.gate_word % 2 == 1 for c in task.controls.values())
 
-    def apply(self, now: float) -> None:
-        """Check the holds; start locking every task held by its gate for the delay or longer
-        (at once for one whose hold leaks)."""
-        self.check_holds(now)
-        if not self.enabled:
-            return
-        for task in list(self.registry.tasks.values()):
-            if self._eligible(task) and (
-                task.hold_leaked or now >= task.preempted_since + self.delay_s
-            ):
-                recorded = self._record is None or self._record({task.task_id: MechanismName.LOCK})
-                if not recorded:
-                    self._failed.add(task.task_id)  # a lock nobody could lift after a crash
-                    continue
-                self._locking.add(task.task_id)
-                thread = threading.Thread(
-                    target=self._lock, args=(task.task_id, task.pid), daemon=True
-                )
-                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-                thread.start()
+    def lock(self, task: Task) -> None:
+        """Start locking ``task`` in the driver, on a helper thread (its stop recorded first:
+        persist.py); :meth:`collect` takes the outcome in."""
+        self._locking.add(task.task_id)
+        thread = threading.Thread(target=self._lock, args=(task.task_id, task.pid), daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def not_recorded(self, task: Task) -> None:
+        """``task``'s lock could not be recorded first: nobody could lift it after a crash, so
+        it is not taken, nor tried again this suspension."""
+        self._failed.add(task.task_id)
 
     def _lock(self, task_id: int, pid: int) -> None:
         start = time.perf_counter()

@@ -25,7 +25,8 @@ from . import limits as bounds
 from .limits import Limits
 from .outbox import Outbox
 from .peer import Peer, peer_credentials
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 #: How long the daemon stops accepting after running out of descriptors.
 ACCEPT_PAUSE_S = 0.1

@@ -23,13 +23,14 @@ from ..mechanisms import MechanismSet, kind
 from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
 from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
+from .apply_memory import MemoryExecutor
 from .event_log import EventLog
 from .limits import Limits
-from .memory import MemoryManager
 from .peer import Peer
 from .persist import StateFiles
 from .registration import Registrar, check_owner
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 
 class Host(Protocol):
@@ -45,7 +46,7 @@ class Host(Protocol):
     limits: Limits
     mechanisms: MechanismSet
     events: EventLog
-    memory: MemoryManager
+    memory: MemoryExecutor
     state_files: StateFiles
 
     def reconcile(self) -> None: ...

@@ -18,11 +18,12 @@ from ..messages import TaskFields
 from ..procinfo import ProcessInfo, alive, open_verified
 from . import persist
 from .apply import Executor
+from .apply_memory import MemoryExecutor
 from .event_log import EventLog
-from .memory import MemoryManager
 from .persist import StateFiles
 from .registration import Registrar
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 
 class TaskLifecycle:
@@ -34,7 +35,7 @@ class TaskLifecycle:
         registrar: Registrar,
         executor: Executor,
         events: EventLog,
-        memory: MemoryManager,
+        memory: MemoryExecutor,
         state_files: StateFiles,
         metrics: Any,
         reconcile: Callable[[], None],
@@ -70,7 +71,7 @@ class TaskLifecycle:
             self.memory.enforce_reserves()
         changed = False
         for task in list(self.registry.tasks.values()):
-            if not alive(task.pid, task.start_time):
+            if not alive(task.pid, task.identity.start_time):
                 self.end_task(task, "process exited")
                 changed = True
         if changed:
@@ -184,7 +185,7 @@ class TaskLifecycle:
                     gpu=gpu,
                     task=task.name,
                     state=task.status_word,
-                    suspended_seconds=task.suspended_seconds,
+                    suspended_seconds=task.counters.suspended_seconds,
                     suspended_since=task.suspended_since if task.suspended else None,
                 )
                 for task in self.registry.tasks.values()

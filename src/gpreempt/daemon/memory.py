@@ -7,33 +7,25 @@ runs out of memory can leave the process stuck. The process is never killed.
 
 Two triggers: by hand (``gpreempt evict|restore``), and a task registered with
 ``--reserve-memory``: while it is active and the GPU's free memory is below its reserve,
-less important tasks on that GPU are evicted (lowest priority first, then largest
-footprint); they come back once no such task has been active for ``RESTORE_AFTER_S`` and
-their footprint fits.
+less important tasks on that GPU are evicted (memory_plan.py decides which, and when they
+come back). This module reads the memory and makes the driver calls; the executor
+(apply_memory.py) records what they did.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..errors import MechanismFailed, MechanismUnavailable, UsageError
+from ..errors import MechanismFailed, MechanismUnavailable
 from ..mechanisms import kind
 from ..mechanisms import signal as signal_mechanism
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from ..mechanisms.driver_lock import DEFAULT_LOCK_TIMEOUT_MS
-from .event_log import EventLog
-from .registry import Registry, Task
-from .task_state import StateLog
+from .task import Task
 
-#: A task evicted for another's reserve comes back this long after the reserve is released.
-RESTORE_AFTER_S = 2.0
-#: A task whose eviction failed is not tried again for this long.
-RETRY_AFTER_S = 10.0
 #: Keep this fraction of host memory free when checkpointing into it.
 HOST_HEADROOM = 0.10
 #: Room to leave on the GPU beyond a restored footprint (allocator slack, contexts).
@@ -44,6 +36,18 @@ GPU_HEADROOM_BYTES = 256 << 20
 class GpuMemory:
     free: int
     total: int
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What one eviction moved to the host: its bytes, and how long it took."""
+
+    bytes: int
+    seconds: float
+
+
+class RestoreLeftFailed(MechanismFailed):
+    """The driver restored a task's memory and left its process in the FAILED state."""
 
 
 class MemoryProbe:
@@ -126,45 +130,23 @@ def _mps_server_runs() -> bool:
     return False
 
 
-class MemoryManager:
-    """Evicts and restores tasks' GPU memory for the daemon.
-
-    It reads the tasks of ``registry``, writes what it does to ``events`` (and ``metrics``,
-    if served), and calls ``on_change`` with ``"evict"`` once a task was evicted (what a
-    successor daemon must resume changed) and with ``"restore"`` once one was restored (it is
-    still locked: a scheduling pass lets it run if the policy allows).
-    """
+class MemoryMover:
+    """Moves one task's GPU memory to the host and back with the driver's checkpoint API,
+    refusing, with the reason, what it cannot handle. ``lock_unavailable``: why this machine's
+    driver has no checkpoint API (None: it has)."""
 
     def __init__(
         self,
-        registry: Registry,
-        events: EventLog,
         probe: MemoryProbe | None = None,
         driver: CheckpointDriver | None = None,
         *,
         lock_unavailable: str | None = None,
         lock_timeout_ms: int | None = None,
-        metrics: Any = None,
-        on_change: Callable[[str], None] = lambda event: None,
     ) -> None:
-        self.registry = registry
-        self.events = events
         self.probe = probe or MemoryProbe()
         self._driver = driver
-        #: Why the driver's checkpoint API cannot be used here (None: it can).
         self.lock_unavailable = lock_unavailable
         self.lock_timeout_ms = lock_timeout_ms
-        self.metrics = metrics
-        self.on_change = on_change
-        #: Tasks evicted to make room for a reserve (restored automatically), by task id.
-        self.auto_evicted: set[int] = set()
-        #: Tasks waiting for room on their GPU to be restored.
-        self.pending_restore: set[int] = set()
-        #: Last time a reserving task was active, per GPU.
-        self.reserve_active_at: dict[int, float] = {}
-        #: Tasks whose eviction failed, and until when not to try again.
-        self.retry_after: dict[int, float] = {}
-        self._busy = False
 
     @property
     def driver(self) -> CheckpointDriver:
@@ -176,14 +158,10 @@ class MemoryManager:
             )
         return CheckpointDriver.get()
 
-    # ------------------------------------------------------------------ operations
-    def _states(self) -> StateLog:
-        """How an eviction or a restore changes the task's state, and is told."""
-        return StateLog(self.events, self.metrics)
-
-    def evict(self, task: Task, reason: str) -> None:
-        if task.evicted:
-            raise UsageError(f"task {task.name!r} is already evicted")
+    def evict(self, task: Task) -> Moved:
+        """Lock ``task`` in the driver and checkpoint it (continued meanwhile if signals
+        stopped it: the driver needs its threads). Raises MechanismUnavailable or
+        MechanismFailed, saying why, where it cannot."""
         refuse_unsupported(task)
         driver = self.driver
         state = driver.state(task.pid)
@@ -211,128 +189,25 @@ class MemoryManager:
         finally:
             if stopped:
                 signal_mechanism.send(task.target(), signal.SIGSTOP)
-        seconds = time.perf_counter() - start
-        task.evicted_bytes = footprint
-        if not task.suspended:
-            # Evicted while running: it stays locked after its restore until the policy lets
-            # it run, like any task the lock mechanism suspended.
-            task.preemptions += 1
-        self._states().evicted(
-            task, moved=footprint, seconds=seconds, reason=reason, now=time.monotonic()
-        )
-        # The lock taken here is not the policy's suspension: undo it right after restore.
-        task.evict_unlock = not kind(task.suspended_with).holds_driver_lock
-        self.on_change("evict")
+        return Moved(bytes=footprint, seconds=time.perf_counter() - start)
 
-    def restore(self, task: Task, reason: str) -> bool:
-        """Restore now if the GPU has room; otherwise queue it and return False."""
-        if not task.evicted:
-            raise UsageError(f"task {task.name!r} is not evicted")
-        memory = self.probe.gpu(task.gpu)
-        if memory.free < task.evicted_bytes + GPU_HEADROOM_BYTES:
-            self.pending_restore.add(task.task_id)
-            return False
+    def has_room(self, gpu: int, size: int) -> bool:
+        """Whether ``gpu`` has room for ``size`` bytes and the headroom a restore needs."""
+        return self.probe.gpu(gpu).free >= size + GPU_HEADROOM_BYTES
+
+    def restore(self, task: Task, *, unlock: bool) -> float:
+        """Bring ``task``'s memory back, and unlock it (``unlock``: the eviction's lock was
+        not how it is suspended); returns how long it took (s). Raises RestoreLeftFailed where
+        the driver leaves the process FAILED."""
         driver = self.driver
         start = time.perf_counter()
         driver.restore(task.pid)
         seconds = time.perf_counter() - start
-        state = driver.state(task.pid)
-        if state == ProcessState.FAILED:
-            self.events.write(
-                "error",
-                **task.event_fields(),
-                mechanism="evict",
-                reason="restore left the process FAILED; it may need a restart",
-            )
-            raise MechanismFailed(
+        if driver.state(task.pid) == ProcessState.FAILED:
+            raise RestoreLeftFailed(
                 f"restoring {task.name!r} left it in the FAILED state; the process may need "
                 "a restart"
             )
-        if task.evict_unlock:
+        if unlock:
             driver.unlock(task.pid)
-        self._states().restored(
-            task, moved=task.evicted_bytes, seconds=seconds, reason=reason, now=time.monotonic()
-        )
-        self.pending_restore.discard(task.task_id)
-        self.auto_evicted.discard(task.task_id)
-        # Still locked: the daemon's next scheduling pass lets it run if the policy allows.
-        self.on_change("restore")
-        return True
-
-    # ------------------------------------------------------------------ reserve trigger
-    def enforce_reserves(self) -> None:
-        """Evict for active reserving tasks; restore what is no longer needed."""
-        if self._busy:
-            return
-        self._busy = True
-        try:
-            self._enforce_reserves()
-        finally:
-            self._busy = False
-
-    def needed(self) -> bool:
-        """Whether :meth:`enforce_reserves` has anything to look at."""
-        return bool(self.auto_evicted or self.pending_restore) or any(
-            t.reserve_bytes > 0 for t in self.registry.tasks.values()
-        )
-
-    def _enforce_reserves(self) -> None:
-        tasks = list(self.registry.tasks.values())
-        reservers = [t for t in tasks if t.reserve_bytes > 0 and t.active and not t.held]
-        now = time.monotonic()
-        for reserver in reservers:
-            for gpu in reserver.gpus:
-                self.reserve_active_at[gpu] = now
-                self._make_room(reserver, gpu, tasks)
-        for task_id in sorted(self.auto_evicted | self.pending_restore):
-            task = self.registry.tasks.get(task_id)
-            if task is None:
-                self.auto_evicted.discard(task_id)
-                self.pending_restore.discard(task_id)
-                continue
-            last = self.reserve_active_at.get(task.gpu, 0.0)
-            if task_id in self.auto_evicted and now - last < RESTORE_AFTER_S:
-                continue
-            try:
-                self.restore(task, reason="reserve released")
-            except (MechanismFailed, MechanismUnavailable):
-                self.auto_evicted.discard(task_id)
-                self.pending_restore.discard(task_id)
-
-    def _make_room(self, reserver: Task, gpu: int, tasks: list[Task]) -> None:
-        try:
-            memory = self.probe.gpu(gpu)
-        except MechanismUnavailable:
-            return
-        if memory.free >= reserver.reserve_bytes:
-            return
-        now = time.monotonic()
-        candidates = [
-            t
-            for t in tasks
-            if gpu in t.gpus
-            and t.priority < reserver.priority
-            and not t.evicted
-            and self.retry_after.get(t.task_id, 0.0) <= now
-        ]
-        footprints = {t.task_id: self.probe.footprint(gpu, t.pid) for t in candidates}
-        candidates.sort(key=lambda t: (t.priority, -footprints[t.task_id]))
-        free = memory.free
-        for victim in candidates:
-            if free >= reserver.reserve_bytes:
-                break
-            if footprints[victim.task_id] <= 0:
-                continue
-            try:
-                self.evict(victim, reason=f"room for {reserver.name!r}'s reserve")
-            except (MechanismFailed, MechanismUnavailable) as exc:
-                self.retry_after[victim.task_id] = now + RETRY_AFTER_S
-                self.events.write(
-                    "error",
-                    **{**victim.event_fields(), "gpu": gpu},
-                    mechanism="evict",
-                    reason=f"eviction for a reserve failed: {exc}",
-                )
-                continue
-            self.auto_evicted.add(victim.task_id)
-            free += footprints[victim.task_id]
+        return seconds

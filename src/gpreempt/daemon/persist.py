@@ -27,14 +27,16 @@ from typing import TYPE_CHECKING, Any
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.base import Target
-from ..mechanisms.cuda_driver import release_process
 from ..procinfo import alive, open_verified
 
 if TYPE_CHECKING:
-    from .registry import Task
+    from .task import Task
 
 #: What a state record names as its mechanism for a task whose memory was evicted.
 EVICTED = "evict"
+#: The mechanism whose leftovers a record's other name leaves: an evicted task is held by the
+#: driver lock (its memory restored as the lock is undone).
+LEFT_BY = {EVICTED: MechanismName.LOCK}
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,10 @@ def load_attached(path: Path) -> list[AttachedRecord]:
 def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
     """Resume every still-living process a previous daemon left suspended.
 
-    Returns (record, outcome) pairs for the event log. Gate-suspended processes need nothing:
-    their client reopens its own gate when the daemon's connection drops.
+    Returns (record, outcome) pairs for the event log. Each process's mechanism undoes what
+    it left (:meth:`~gpreempt.mechanisms.base.Mechanism.undo_leftovers`), then the process is
+    continued. Gate-suspended processes need nothing: their client reopens its own gate when
+    the daemon's connection drops.
     """
     outcomes = []
     for record in load(path):
@@ -136,13 +140,7 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
             continue
         target = Target(pid=record.pid, pgid=record.pgid)
         try:
-            if record.mechanism == EVICTED or kind(record.mechanism).holds_driver_lock:
-                release_process(target.pid)
-            if kind(record.mechanism).unmaps_queues:  # through its launcher's tracer
-                from ..mechanisms.kfd import request
-
-                with contextlib.suppress(GpreemptError):
-                    request(record.pid, "resume")
+            kind(LEFT_BY.get(record.mechanism, record.mechanism)).undo_leftovers(target)
             if record.pgid:
                 os.killpg(record.pgid, signal.SIGCONT)
             else:
@@ -187,8 +185,8 @@ class StateFiles:
         records = [
             SuspendedRecord(
                 pid=t.pid,
-                pgid=t.pgid,
-                start_time=t.start_time,
+                pgid=t.identity.pgid,
+                start_time=t.identity.start_time,
                 mechanism=EVICTED
                 if t.evicted
                 else (
@@ -206,8 +204,8 @@ class StateFiles:
         records += [
             SuspendedRecord(
                 pid=t.pid,
-                pgid=t.pgid,
-                start_time=t.start_time,
+                pgid=t.identity.pgid,
+                start_time=t.identity.start_time,
                 mechanism=pending[t.task_id],
                 name=t.name,
             )
@@ -227,16 +225,16 @@ class StateFiles:
         records = [
             AttachedRecord(
                 pid=t.pid,
-                start_time=t.start_time,
+                start_time=t.identity.start_time,
                 uid=t.uid,
                 name=t.name,
                 priority=t.priority,
                 gpus=list(t.gpus),
                 mechanism=t.mechanism,
-                always_active=t.always_active,
-                timeslice_ms=t.timeslice_ms,
-                min_share=t.min_share,
-                reserve_bytes=t.reserve_bytes,
+                always_active=t.identity.always_active,
+                timeslice_ms=t.identity.timeslice_ms,
+                min_share=t.identity.min_share,
+                reserve_bytes=t.identity.reserve_bytes,
             )
             for t in tasks
             if t.attached

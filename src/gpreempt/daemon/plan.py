@@ -6,7 +6,8 @@ by hand or evicted, which control blocks and connections each has, which watch l
 was last sent. :func:`plan` reads those as frozen facts (:class:`TaskFacts`,
 :class:`PeerFacts`) and returns a frozen :class:`Plan`: whom to suspend and resume, the
 in-flight share and sleep permission each gate is told, the watch lists to send, and which
-closed gates may go on by themselves once their watched tasks are idle. No I/O, no clock:
+closed gates may go on by themselves once their watched tasks are idle, what to suspend with
+where a task's own mechanism fails. No I/O, no clock:
 ``daemon/apply.py`` carries a plan out, and the tests check plans as values.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..names import MechanismName
 from ..policy import Decision, Snapshot
 from ..policy.inflight import inflight_shares
 from ..policy.sleep import sleepers
@@ -39,12 +41,16 @@ class TaskFacts:
     suspended: bool
     #: Held by hand (``gpreempt suspend``): kept suspended whatever the policy says.
     held: bool
+    #: Suspended only until its turn among gated peers (state ``waiting_turn``).
+    waiting_turn: bool
     #: Its memory is on the host: it stays suspended until restored.
     evicted: bool
     #: The policy's last suspension of it failed (state ``unprotected``).
     unprotected: bool
     #: Its mechanism may close its in-process gate (the daemon then manages the gate word).
     closes_gate: bool
+    #: Its mechanism is backed up by signals where it fails to suspend (mechanism ``auto``).
+    backed_up: bool
     #: Always active: no control block tells when it is, so no gate can watch it.
     always_active: bool
     #: Ids of the connections whose control blocks it has, in order.
@@ -91,6 +97,17 @@ class Suspension:
 
     task_id: int
     turn: bool
+    #: What suspends it where its own mechanism fails (None: nothing, it is unprotected).
+    fallback: MechanismName | None = None
+
+
+@dataclass(frozen=True)
+class WaitFor:
+    """A suspended task that now waits for something else: its turn among peers (``turn``),
+    or a more important task (or its hold)."""
+
+    task_id: int
+    turn: bool
 
 
 @dataclass(frozen=True)
@@ -108,9 +125,8 @@ class Plan:
 
     #: Tasks to suspend, least important first (a more important task waits for them).
     suspend: tuple[Suspension, ...]
-    #: Tasks the policy suspends only for a peer's turn (held ones excepted): a suspended
-    #: task outside this set is preempted (``preempted_since``), one inside waits its turn.
-    turns: frozenset[int]
+    #: Suspended tasks (evicted ones aside) whose reason to wait changed.
+    wait_changes: tuple[WaitFor, ...]
     #: Tasks to resume: suspended, wanted by neither the policy nor a hold, not evicted.
     resume: tuple[int, ...]
     #: Tasks no longer unprotected: the policy does not want them suspended any more.
@@ -147,9 +163,14 @@ def plan(
     wanted = set(decision.suspend) | held
     turns = frozenset(decision.turns) - held
     suspend = tuple(
-        Suspension(t.task_id, t.task_id in turns)
+        Suspension(t.task_id, t.task_id in turns, MechanismName.SIGNAL if t.backed_up else None)
         for t in sorted(tasks, key=lambda t: t.priority)
         if t.task_id in wanted and not t.suspended
+    )
+    wait_changes = tuple(
+        WaitFor(t.task_id, t.task_id in turns)
+        for t in sorted(tasks, key=lambda t: t.priority)
+        if t.suspended and not t.evicted and t.waiting_turn != (t.task_id in turns)
     )
     resume = tuple(
         t.task_id for t in tasks if t.task_id not in wanted and t.suspended and not t.evicted
@@ -177,7 +198,7 @@ def plan(
     due = [t for t in (decision.wake_at, next_sleep) if t is not None]
     return Plan(
         suspend=suspend,
-        turns=turns,
+        wait_changes=wait_changes,
         resume=resume,
         protected_again=protected_again,
         window_shares=shares,

@@ -70,7 +70,7 @@ LATENCY_BUCKETS = (
     1.0,
 )
 
-#: Every state a task can be in (registry.Task.status_word); ``unprotected``: the policy wants it
+#: Every state a task can be in (task.Task.status_word); ``unprotected``: the policy wants it
 #: suspended and its mechanism failed, so the more important tasks on its GPU are not
 #: protected from it.
 TASK_STATES = ("running", "suspended", "held", "evicted", "unprotected")

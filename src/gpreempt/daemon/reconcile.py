@@ -17,12 +17,14 @@ from ..mechanisms import kind
 from ..policy import Policy, Snapshot
 from ..policy.loop import LoopState, run_pass
 from .apply import Executor
+from .apply_gates import GateExecutor
+from .apply_memory import MemoryExecutor
 from .backstop import Backstop
 from .event_log import EventLog
-from .memory import MemoryManager
 from .peer import Peer
 from .plan import PeerFacts, Plan, PlanSettings, TaskFacts, plan, plan_watches
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
 
 
 class Host(Protocol):
@@ -32,8 +34,9 @@ class Host(Protocol):
     peers: dict[int, Peer]
     events: EventLog
     backstop: Backstop
-    memory: MemoryManager
+    memory: MemoryExecutor
     executor: Executor
+    gates: GateExecutor
 
     def persist(self) -> None: ...
     def publish_states(self) -> None: ...
@@ -61,15 +64,13 @@ class Reconciler:
             self._observe(now)
             step = run_pass(self.policy, self.loop, host.registry.snapshot(now))
             self.loop = step.state
-            tasks = host.registry.tasks
-            for task_id, run_seconds in step.run_seconds().items():
-                tasks[task_id].run_seconds = run_seconds
+            host.executor.credit_run_time(step.run_seconds())
             todo = self.plan(step.snapshot, step.decision)
             if host.executor.apply_suspensions(todo, now):
                 host.persist()
                 host.publish_states()
-        host.executor.apply_gates(todo)
-        host.backstop.apply(now)
+        host.gates.apply_gates(todo)
+        host.executor.apply_backstop(host.backstop.plan(now))
         due = [t for t in (todo.wake_at, host.backstop.next_due()) if t is not None]
         self.wake_at = min(due) if due else None
         if host.memory.needed():
@@ -94,7 +95,7 @@ class Reconciler:
             return
         snapshot = self.host.registry.snapshot(time.monotonic())
         watches = plan_watches(snapshot, self.task_facts(), self.peer_facts(), self.settings.watch)
-        self.host.executor.send_watches(watches)
+        self.host.gates.send_watches(watches)
 
     def _watches_due(self) -> bool:
         tasks = self.host.registry.tasks.values()
@@ -139,10 +140,12 @@ def _facts(task: Task) -> TaskFacts:
         uid=task.uid,
         suspended=task.suspended,
         held=task.held,
+        waiting_turn=task.waiting_turn,
         evicted=task.evicted,
         unprotected=task.suspend_error is not None,
         closes_gate=kind(task.mechanism).closes_gate,
-        always_active=task.always_active,
+        backed_up=kind(task.mechanism).backed_up,
+        always_active=task.identity.always_active,
         controls=tuple(task.controls),
         window_share_ms=task.window_share_ms,
         sleep_ok=task.sleep_ok,

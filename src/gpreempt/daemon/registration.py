@@ -18,7 +18,9 @@ from ..messages import TaskFields
 from ..procinfo import ProcessInfo, read_process
 from .identity import clean_name
 from .limits import Limits
-from .registry import Registry, Task
+from .registry import Registry
+from .task import Task
+from .task_identity import TaskIdentity
 
 
 def check_owner(caller_uid: int, uid: int, what: str) -> None:
@@ -91,20 +93,4 @@ class Registrar:
         if caller_uid is not None:
             self.limits.check_priority(caller_uid, fields.priority)
             self.limits.check_shares(caller_uid, fields.min_share, fields.timeslice_ms)
-        return Task(
-            task_id=self.registry.new_id(),
-            pid=info.pid,
-            # A process leading its own group (a shell job, a `gpreempt run` child) is
-            # preempted with its whole group, so helpers such as DataLoader workers stop too.
-            pgid=info.pgid if info.pgid == info.pid else None,
-            start_time=info.start_time,
-            uid=info.uid,
-            name=name,
-            priority=fields.priority,
-            gpus=fields.gpus,
-            mechanism=fields.mechanism,
-            always_active=fields.always_active,
-            timeslice_ms=fields.timeslice_ms,
-            min_share=fields.min_share,
-            reserve_bytes=fields.reserve_bytes,
-        )
+        return Task(TaskIdentity.of(self.registry.new_id(), info, name, fields))

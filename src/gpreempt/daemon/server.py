@@ -34,6 +34,8 @@ from ..policy.sleep import DEFAULT_SLEEP_AFTER_S
 from ..policy.turns import DEFAULT_TURN_MS
 from . import limits as bounds
 from .apply import Executor
+from .apply_gates import GateExecutor
+from .apply_memory import MemoryExecutor
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
 from .event_log import EventLog
@@ -41,15 +43,16 @@ from .handlers import Handlers
 from .identity import GroupCensus, protected_pids
 from .lifecycle import TaskLifecycle
 from .limits import Limits
-from .memory import MemoryManager
+from .memory import MemoryMover
 from .peer import Peer
 from .persist import StateFiles, resume_leftovers
 from .plan import MAX_WATCH_VERSION, PlanSettings
 from .reconcile import Reconciler
 from .registration import Registrar
-from .registry import Registry, Task
+from .registry import Registry
 from .runtime_claim import RuntimeClaim
 from .runtime_guard import check_runtime_dir, listen
+from .task import Task
 
 #: How often the loop checks that tasks' processes still exist.
 LIVENESS_PERIOD_S = 0.2
@@ -119,6 +122,7 @@ class Daemon:
             self.registry, self.limits, lambda: self.mechanisms, protected_pids
         )
         self.executor = Executor(self)
+        self.gates = GateExecutor(self)
         self.reconciler = Reconciler(self, built.decide, settings)
         self.handlers = Handlers(self)
         self.connections = Connections(
@@ -147,11 +151,13 @@ class Daemon:
         self.mechanisms = MechanismSet(self.lock_timeout_ms)
         self.events = EventLog(self.runtime_dir / EVENTS_NAME)
         self.state_files = StateFiles(self.runtime_dir, STATE_NAME, self.log)
-        self.memory = MemoryManager(
+        self.memory = MemoryExecutor(
             self.registry,
             self.events,
-            lock_unavailable=self.mechanisms.lock_unavailable,
-            lock_timeout_ms=self.lock_timeout_ms,
+            MemoryMover(
+                lock_unavailable=self.mechanisms.lock_unavailable,
+                lock_timeout_ms=self.lock_timeout_ms,
+            ),
             metrics=self.metrics,
             on_change=self._on_memory_change,
         )
@@ -176,7 +182,6 @@ class Daemon:
             self.backstop_ms,
             lock_available=self.mechanisms.lock_unavailable is None,
             wake_fd=self._wake_w,
-            record=self.record_stops,
         )
         self.lifecycle = TaskLifecycle(
             self.registry,

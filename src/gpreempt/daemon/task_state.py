@@ -1,9 +1,11 @@
-"""A task's state, and the one function that changes it.
+"""A task's state, its record, and the one function that changes it.
 
-Every change of a task's state goes through :func:`change_state`, which refuses a transition
-the daemon never makes (:class:`StateError`) and keeps the data that belongs to the state:
-since when the task is suspended and by which mechanism, since when it is preempted (waiting
-for a more important task, or held: the backstop's clock), why its suspension failed.
+A task's state and the data that belongs to it (since when the task is suspended and by which
+mechanism, since when it is preempted: waiting for a more important task, or held, the
+backstop's clock; why its suspension failed) are one frozen :class:`StateRecord`, which this
+module alone replaces. Every change goes through :func:`change_state`, which refuses a
+transition the daemon never makes (:class:`StateError`); the daemon changes states through
+:class:`StateLog`, which tells each change (its event, its metric).
 
 Not states, and kept as fields of the task: ``held`` (an operator's wish, which the plan
 honours like a priority), ``backstop_locked`` (a driver lock added behind a closed gate,
@@ -13,6 +15,7 @@ whatever the task waits for) and ``evict_unlock`` (how to undo an eviction's loc
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..errors import GpreemptError
@@ -62,16 +65,33 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 }
 
 
-class Stateful(Protocol):
-    """What :func:`change_state` reads and writes of a task (registry.Task)."""
+@dataclass(frozen=True)
+class StateRecord:
+    """Where a task stands with the GPU, and since when."""
 
-    name: str
-    pid: int
-    state: TaskState
-    suspended_with: str | None
-    suspended_since: float | None
-    preempted_since: float | None
-    suspend_error: str | None
+    state: TaskState = TaskState.RUNNING
+    #: Concrete mechanism that suspended it (resume with the same one); the last one, once
+    #: it runs again.
+    suspended_with: str | None = None
+    suspended_since: float | None = None
+    #: Since when it is suspended for a reason other than waiting for its turn among peers
+    #: (a more important task, or held); None while it runs or only waits for its turn.
+    preempted_since: float | None = None
+    #: Why the policy's last suspension of it failed, while the policy still wants it
+    #: suspended (state ``unprotected``); None otherwise.
+    suspend_error: str | None = None
+
+
+class Stateful(Protocol):
+    """What :func:`change_state` reads and writes of a task (task.Task)."""
+
+    state_record: StateRecord
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
 
 
 class StateError(GpreemptError):
@@ -93,29 +113,34 @@ def change_state(
     :attr:`TaskState.UNPROTECTED` (required then).
     Raises :class:`StateError` for a transition not in :data:`TRANSITIONS`.
     """
-    old = task.state
+    record = task.state_record
+    old = record.state
     if new not in TRANSITIONS[old]:
         raise StateError(
             f"task {task.name!r} (pid {task.pid}) cannot go from {old.value} to {new.value}"
         )
+    error_now = record.suspend_error
     if new is TaskState.UNPROTECTED:
         if error is None:
             raise StateError(f"task {task.name!r} is unprotected only with a reason")
-        task.suspend_error = error
+        error_now = error
     elif new is not TaskState.EVICTED:
-        task.suspend_error = None  # suspended after all, or no longer wanted suspended
+        error_now = None  # suspended after all, or no longer wanted suspended
+    suspended_with, suspended_since = record.suspended_with, record.suspended_since
     if new in STOPPED and old not in STOPPED:
         if mechanism is None:
             raise StateError(f"task {task.name!r} is suspended only by a mechanism")
-        task.suspended_with = mechanism
-        task.suspended_since = now
+        suspended_with, suspended_since = mechanism, now
     elif new not in STOPPED:
-        task.suspended_since = None
-    if new in (TaskState.SUSPENDED, TaskState.EVICTED):
-        task.preempted_since = task.preempted_since or now
-    else:
-        task.preempted_since = None
-    task.state = new
+        suspended_since = None
+    preempted = new in (TaskState.SUSPENDED, TaskState.EVICTED)
+    task.state_record = StateRecord(
+        state=new,
+        suspended_with=suspended_with,
+        suspended_since=suspended_since,
+        preempted_since=(record.preempted_since or now) if preempted else None,
+        suspend_error=error_now,
+    )
 
 
 class EventSink(Protocol):
@@ -125,7 +150,16 @@ class EventSink(Protocol):
 
 
 class Told(Stateful, Protocol):
-    """What :class:`StateLog` reads of a task besides its state (registry.Task)."""
+    """What :class:`StateLog` reads of a task besides its state record (task.Task)."""
+
+    @property
+    def state(self) -> TaskState: ...
+
+    @property
+    def suspended_since(self) -> float | None: ...
+
+    @property
+    def suspend_error(self) -> str | None: ...
 
     @property
     def gpu(self) -> int: ...
@@ -135,8 +169,8 @@ class Told(Stateful, Protocol):
 
 class StateLog:
     """Changes tasks' states and tells each change: its line in the event log and the metric
-    that counts it. The daemon's executor (apply.py) and memory manager (memory.py) change a
-    task's state through it alone; what it ran (counters, locks) they keep themselves."""
+    that counts it. The daemon's executor (apply.py, apply_memory.py) changes a task's state
+    through it alone; what it ran (counters, locks) it keeps itself."""
 
     def __init__(self, events: EventSink, metrics: Any = None) -> None:
         self.events = events
@@ -165,10 +199,25 @@ class StateLog:
         elif self.metrics is not None:
             self.metrics.on_suspend(task.gpu, task.name, mechanism, latency_ms / 1e3)
 
-    def unprotected(self, task: Told, *, mechanism: str, reason: str, now: float) -> None:
-        """The policy wants ``task`` suspended and ``mechanism`` failed for ``reason``."""
+    def unprotected(self, task: Told, *, mechanism: str, reason: str, now: float) -> bool:
+        """The policy wants ``task`` suspended and ``mechanism`` failed for ``reason``: the
+        metric counts every failure, the event log one line per new reason (not one per
+        retry). Returns whether the task's state changed."""
+        if self.metrics is not None:
+            self.metrics.on_suspend_failed(task.gpu, task.name, mechanism)
+        if task.suspend_error == reason:
+            return False
         change_state(task, TaskState.UNPROTECTED, now=now, error=reason)
         self.events.write("error", **task.event_fields(), mechanism=mechanism, reason=reason)
+        return True
+
+    def protected_again(self, task: Told, *, now: float) -> None:
+        """The policy no longer wants ``task`` suspended, whose last suspension failed: it is
+        no longer unprotected (it runs; evicted since, it only forgets why)."""
+        if task.state is TaskState.UNPROTECTED:
+            change_state(task, TaskState.RUNNING, now=now)
+        else:
+            task.state_record = replace(task.state_record, suspend_error=None)
 
     def resumed(
         self, task: Told, *, mechanism: str, latency_ms: float, reason: str, now: float

@@ -84,6 +84,14 @@ class Mechanism(abc.ABC):
     def resume(self, target: Target) -> str:
         """Undo :meth:`suspend`; return the name of what was actually used. Must be idempotent."""
 
+    @classmethod  # noqa: B027 - optional hook
+    def undo_leftovers(cls, target: Target) -> None:
+        """Undo what a suspension by this mechanism leaves on ``target`` once the daemon that
+        made it is gone (a new daemon calls it for each process the old one recorded, then
+        continues the process). Built from the class alone: the new daemon may lack the
+        mechanism's instance. Nothing by default: a signal is undone by the continue that
+        follows, a gate by its own process. Raises OSError or GpreemptError if it fails."""
+
     def take_degradation(self, target: Target) -> str | None:
         """Why the last :meth:`suspend` of ``target`` held less than this mechanism promises
         (its name in the answer says what held it), once; None when it held all."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from ..errors import MechanismFailed, MechanismUnavailable
 from ..names import MechanismName
 from .base import Mechanism, MechanismSettings, Target
-from .cuda_driver import CheckpointDriver, CudaDriverError, ProcessState
+from .cuda_driver import CheckpointDriver, CudaDriverError, ProcessState, release_process
 
 #: How long one lock call may wait for a process's queued work to finish.
 DEFAULT_LOCK_TIMEOUT_MS = 5000
@@ -39,6 +39,11 @@ class DriverLockMechanism(Mechanism):
         if self._driver is None:
             self._driver = CheckpointDriver.get()
         return self._driver
+
+    @classmethod
+    def undo_leftovers(cls, target: Target) -> None:
+        """Restore the process if it was checkpointed, and unlock it."""
+        release_process(target.pid)
 
     def state(self, target: Target) -> ProcessState:
         return self.driver.state(target.pid)

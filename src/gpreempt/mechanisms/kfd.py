@@ -55,7 +55,7 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import MechanismFailed, MechanismUnavailable, NoSuchProcess
+from ..errors import GpreemptError, MechanismFailed, MechanismUnavailable, NoSuchProcess
 from ..names import MechanismName
 from ..procinfo import read_process
 from .base import Mechanism, MechanismSettings, Target
@@ -152,6 +152,14 @@ class KfdMechanism(Mechanism):
 
         check_available()
         return cls()
+
+    @classmethod
+    def undo_leftovers(cls, target: Target) -> None:
+        """Have the task's tracer (its launcher) map its queues again. A tracer that does not
+        answer leaves nothing to undo: the kernel maps the queues of a debug session whose
+        tracer exited."""
+        with contextlib.suppress(GpreemptError):
+            request(target.pid, "resume")
 
     def check(self, target: Target) -> None:
         try:

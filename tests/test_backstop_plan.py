@@ -1,0 +1,91 @@
+"""The backstop's rules as pure functions: facts in, a frozen plan out (backstop_plan.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpreempt.daemon.backstop_plan import (
+    BackstopPlan,
+    HoldBaseline,
+    HoldFacts,
+    HoldLeak,
+    next_due,
+    plan_backstop,
+)
+
+
+def facts(task_id: int = 1, **fields) -> HoldFacts:
+    values = {
+        "task_id": task_id,
+        "uid": 1000,
+        "priority": -100,
+        "gpus": (0,),
+        "held": False,
+        "backed_up": True,
+        "gate_held_since": 100.0,
+        "held_on_gpu": False,
+        "lock_tried": False,
+        "counts_launches": False,
+        "launches": 0,
+        "channels": 1,
+        "must_stand_still": True,
+        "hold_baseline": None,
+        "hold_leaked": False,
+    }
+    values.update(fields)
+    return HoldFacts(**values)
+
+
+def test_a_task_held_by_its_gate_for_the_delay_is_locked() -> None:
+    tasks = [facts()]
+    assert plan_backstop(tasks, 100.04, delay_s=0.05, lock=True).locks == ()
+    assert plan_backstop(tasks, 100.05, delay_s=0.05, lock=True).locks == (1,)
+    assert plan_backstop(tasks, 100.05, delay_s=0.05, lock=False).locks == ()
+    assert next_due(tasks, 100.0, delay_s=0.05, lock=True) == pytest.approx(100.05)
+
+
+def test_a_task_not_held_by_its_gate_or_tried_already_is_left_alone() -> None:
+    for fact in (facts(gate_held_since=None), facts(backed_up=False), facts(lock_tried=True)):
+        assert plan_backstop([fact], 1e9, delay_s=0.05, lock=True).locks == ()
+        assert next_due([fact], 100.0, delay_s=0.05, lock=True) is None
+
+
+def test_a_gate_that_holds_on_the_gpu_is_trusted_only_below_its_own_user() -> None:
+    trainer = facts(held_on_gpu=True)
+    own_server = facts(2, priority=100, gate_held_since=None)
+    other_server = facts(3, uid=1001, priority=100, gate_held_since=None)
+    assert plan_backstop([trainer, own_server], 200.0, delay_s=0.05, lock=True).locks == ()
+    tasks = [trainer, own_server, other_server]
+    assert plan_backstop(tasks, 200.0, delay_s=0.05, lock=True).locks == (1,)
+    held_other = dataclasses.replace(other_server, held=True)  # held by hand: outranks none
+    assert plan_backstop([trainer, held_other], 200.0, delay_s=0.05, lock=True).locks == ()
+
+
+def test_a_hold_is_counted_once_settled_and_a_leak_is_locked_at_once() -> None:
+    counted = facts(held_on_gpu=True, counts_launches=True, launches=1000)
+    early = plan_backstop([counted], 100.1, delay_s=10.0, lock=True)
+    assert early == BackstopPlan(baselines=(), leaks=(), locks=())
+    settled = plan_backstop([counted], 100.25, delay_s=10.0, lock=True)
+    assert settled.baselines == (HoldBaseline(1, 1000),) and settled.locks == ()
+    still = dataclasses.replace(counted, hold_baseline=1000, launches=1016)  # within slack
+    assert plan_backstop([still], 100.35, delay_s=10.0, lock=True).leaks == ()
+    moved = dataclasses.replace(counted, hold_baseline=1000, launches=1500)
+    leaking = plan_backstop([moved], 100.35, delay_s=10.0, lock=True)
+    assert leaking.leaks == (HoldLeak(1, 500, locked=True),) and leaking.locks == (1,)
+    nowhere = plan_backstop([moved], 100.35, delay_s=10.0, lock=False)
+    assert nowhere.leaks == (HoldLeak(1, 500, locked=False),) and nowhere.locks == ()
+
+
+def test_a_gate_closed_only_for_watched_tasks_moves_its_baseline() -> None:
+    watched = facts(counts_launches=True, launches=1500, hold_baseline=1000, must_stand_still=False)
+    result = plan_backstop([watched], 100.35, delay_s=10.0, lock=True)
+    assert result.baselines == (HoldBaseline(1, 1500),) and result.leaks == ()
+
+
+def test_checks_come_back_every_period_once_counted() -> None:
+    counted = facts(backed_up=False, counts_launches=True)
+    assert next_due([counted], 100.0, delay_s=0.05, lock=True) == pytest.approx(100.2)
+    based = dataclasses.replace(counted, hold_baseline=10)
+    assert next_due([based], 100.3, delay_s=0.05, lock=True) == pytest.approx(100.4)
