@@ -142,7 +142,8 @@ def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
     daemon, runtime_dir, tmp_path, kernel_loop
 ):
     """Once the more important task has been idle for a second, the gate's callbacks go off
-    (its launches are no longer counted) and its thread puts the stream barriers."""
+    (but for a moment every half second, to see new streams) and its thread puts a stream
+    barrier every millisecond."""
     procs = _beside_an_idle_server(runtime_dir, tmp_path / "progress", kernel_loop, "default")
     try:
         gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
@@ -151,8 +152,7 @@ def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
         time.sleep(0.5)
         then = gate()
         assert then["driver_asleep"], then
-        assert then["driver_launches"] == first["driver_launches"], (first, then)
-        assert then["driver_barriers"] > first["driver_barriers"] + 100, (first, then)
+        assert then["driver_barriers"] > first["driver_barriers"] + 200, (first, then)
     finally:
         stop_all(*reversed(procs))
 

@@ -75,6 +75,23 @@ void asleep_barriers(Gate& g, int64_t now) {
   }
 }
 
+void discover_streams(Gate& g, int64_t now) {
+  static int64_t next_ns = 0;  // the gate's one thread calls this
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl == nullptr || !barriers_hold(g, ctl)) {
+    next_ns = 0;  // the next time they hold, at once
+    return;
+  }
+  if (now < next_ns) {
+    return;
+  }
+  next_ns = now + kDiscoverEveryNs;
+  int64_t until = g.awake_until_ns.load(std::memory_order_relaxed);
+  while (until < now + kDiscoverNs &&
+         !g.awake_until_ns.compare_exchange_weak(until, now + kDiscoverNs)) {
+  }
+}
+
 void drop_asleep_marks(StreamState& st) {
   for (Mark& m : st.asleep_marks) {
     cu()->cuEventDestroy(m.event);

@@ -57,6 +57,12 @@ constexpr int64_t kAsleepMaxSpanNs = 2 * 1000 * 1000;
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 // Asleep marks a stream may have pending at most (beyond, the GPU is far behind: none added).
 constexpr size_t kAsleepMarksMax = 64;
+// The callbacks see which streams a process launches on; asleep, they do not. While barriers
+// hold, the gate therefore wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
+// start to hold), so that a process that fell asleep before anyone outranked it, or made a new
+// stream since, gets barriers on every stream it uses.
+constexpr int64_t kDiscoverNs = 5 * 1000 * 1000;
+constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
 // One barrier's event and the launches of its span.
 struct Mark {
@@ -200,6 +206,8 @@ void check_idle(Gate& g, int64_t now);
 // Called by the background thread while the callbacks are off: barriers on every known stream
 // every kAsleepBarrierNs, and the spans between them learned.
 void asleep_barriers(Gate& g, int64_t now);
+// Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
+void discover_streams(Gate& g, int64_t now);
 // Destroys a forgotten stream's asleep marks (mu held).
 void drop_asleep_marks(StreamState& st);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).

@@ -204,6 +204,7 @@ void background() {
       return;  // the driver is being torn down: no more calls into it
     }
     if (ctl != nullptr && state.load() == kDriverOn) {
+      discover_streams(g, now);
       const bool sleepy = may_sleep(g, ctl, now);
       if (sleepy != asleep.load()) {
         std::lock_guard<std::mutex> lock(cupti_mu);
