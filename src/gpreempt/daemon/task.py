@@ -241,12 +241,15 @@ class Task:
     def target(self, whole_group: bool = True) -> Target:
         """What a mechanism acts on; ``whole_group`` False: the process alone, even if it
         leads a group (some member of which belongs to another user)."""
-        control = next(iter(self.controls.values()), None)
+        blocks = tuple(self.controls.values())
+        installed = [c for c in blocks if c.gate_installed]
+        control = installed[0] if installed else next(iter(blocks), None)
         pgid = self.identity.pgid if whole_group else None
         return Target(
             pid=self.pid,
             pgid=pgid,
             control=control,
+            controls=blocks,
             start_time=self.identity.start_time,
             pidfd=self.pidfd,
         )

@@ -26,8 +26,12 @@ class Target:
     pid: int
     #: Signal this process group rather than the pid alone (tasks started by ``gpreempt run``).
     pgid: int | None = None
-    #: The in-process control block, when the task's process runs the client.
+    #: The in-process control block, when the task's process runs the client (one whose gate
+    #: is installed, where several processes or gates of the task have blocks).
     control: ControlBlock | None = None
+    #: Every control block of the task: each process of it, and a driver-level gate's own
+    #: channel beside a Python client's block. A gate closes them all.
+    controls: tuple[ControlBlock, ...] = ()
     #: The process's start time (clock ticks since boot), when known: signals then reach
     #: this very process, never one that took its pid after it exited.
     start_time: int | None = None

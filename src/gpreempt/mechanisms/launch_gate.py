@@ -6,9 +6,14 @@ before its next launch and lets only the bounded work already in flight drain.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import MechanismUnavailable
 from ..names import MechanismName
 from .base import Mechanism, Target
+
+if TYPE_CHECKING:
+    from ..control_block import ControlBlock
 
 
 class GateMechanism(Mechanism):
@@ -34,11 +39,19 @@ class GateMechanism(Mechanism):
 
     def suspend(self, target: Target) -> str:
         self.check(target)
-        assert target.control is not None
-        target.control.set_gate(True)
+        for control in _blocks(target):
+            control.set_gate(True)
         return self.name
 
     def resume(self, target: Target) -> str:
-        if target.control is not None:
-            target.control.set_gate(False)
+        for control in _blocks(target):
+            control.set_gate(False)
         return self.name
+
+
+def _blocks(target: Target) -> tuple[ControlBlock, ...]:
+    """Every block of the task (each of its processes, a driver-level gate's own channel),
+    or its one block."""
+    if target.controls:
+        return target.controls
+    return (target.control,) if target.control is not None else ()
