@@ -16,10 +16,22 @@ from pathlib import Path
 import pytest
 from conftest import gp_env, gpreempt
 
-from gpreempt.cli.selftest import DRIVER_GATE, _env
+from gpreempt.cli import selftest as selftest_module
+from gpreempt.cli._selftest_probe import JOB, Workspace, stop_process
+from gpreempt.cli._selftest_rows import WORKS, Machine, Row, report
+from gpreempt.cli.selftest import (
+    BARRIER_ROWS,
+    DRIVER_GATE,
+    MECHANISMS,
+    _env,
+    _job_command,
+    _start_daemon,
+)
 from gpreempt.mechanisms.kfd_abi import KFD_DEVICE
 
 NO_GPU = not Path("/dev/nvidiactl").exists() and not Path(KFD_DEVICE).exists()
+#: Every row a self-test can show: its mechanisms and their barriers' rows.
+ROW_NAMES = [*MECHANISMS, *BARRIER_ROWS.values()]
 
 
 def selftest(tmp_path: Path, *mechanisms: str) -> tuple[int, dict]:
@@ -36,6 +48,8 @@ def test_signal_is_checked_for_real(tmp_path) -> None:
     (row,) = report["rows"]
     assert row["verdict"] == "works" and row["stopped"] and row["resumed"] and row["works"]
     assert row["suspend_ms"] > 0
+    # judged once its launches drained: none go on after SIGSTOP, so at once
+    assert 0 <= row["drain_ms"] < 250 and row["drained"] <= 1
     assert code == 0
 
 
@@ -71,6 +85,48 @@ def test_the_driver_gate_job_runs_without_the_operator_hook(tmp_path, monkeypatc
     assert "GPREEMPT_GATE" not in _env(tmp_path, "gate")  # the gate's own row keeps its hook
 
 
+#: Prints whether the in-process client was loaded into it (by ``gpreempt run``'s site hook).
+CLIENT_PROBE = "import sys; print('gpreempt.client.agent' in sys.modules)"
+
+
+@pytest.mark.parametrize(("mechanism", "client"), [(DRIVER_GATE, "False"), ("gate", "True")])
+def test_the_driver_gate_job_runs_without_the_in_process_client(mechanism, client) -> None:
+    # without it, the driver-level gate opens its own channel and alone can hold the job
+    workspace = Workspace()
+    runtime = workspace.path / "run"
+    daemon = _start_daemon(runtime, workspace)
+    try:
+        env = _env(runtime, mechanism)
+        command = _job_command(runtime, mechanism, "probe", env, [])
+        assert command[-2:] == ["-c", JOB]
+        command[-1] = CLIENT_PROBE
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+        assert result.stdout.strip() == client, result.stderr
+    finally:
+        stop_process(daemon)
+        workspace.close()
+        workspace.reaper.kill()
+        workspace.reaper.wait()
+
+
+def test_a_gate_job_that_does_not_start_fails_with_its_barriers_row(monkeypatch) -> None:
+    monkeypatch.setattr(selftest_module, "JOB", "raise SystemExit('no GPU here')")
+    workspace = Workspace()
+    runtime = workspace.path / "run"
+    daemon = _start_daemon(runtime, workspace)
+    try:
+        row = Row("gate")
+        barriers = selftest_module._exercise(row, runtime, workspace, "python")
+    finally:
+        stop_process(daemon)
+        workspace.close()
+        workspace.reaper.kill()
+        workspace.reaper.wait()
+    assert row.verdict == "FAILS" and row.note.startswith("the job did not start")
+    assert barriers is not None and barriers.mechanism == "barriers"
+    assert barriers.verdict == "unproven" and barriers.note == "the gate failed"
+
+
 def test_table_fits_80_columns(tmp_path) -> None:
     env = gp_env(tmp_path) | {"COLUMNS": "200"}
     result = subprocess.run(
@@ -82,6 +138,18 @@ def test_table_fits_80_columns(tmp_path) -> None:
     )
     assert "gpreempt selftest" in result.stdout and "kfd" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_every_row_fits_80_columns_with_its_drain(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    note = "the job kept making progress while suspended; " * 2
+    rows = [Row(m, WORKS, True, True, 3, None, 2.0, 9.4, 1, note) for m in ROW_NAMES]
+    rows[2].drain_ms = 1583.0
+    report(rows, Machine("nvidia", True), as_json=False)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "drain" in out and "9 ms" in out and "1.58 s" in out
+    assert all(name in out for name in ROW_NAMES)
 
 
 def _alive(pid: int) -> bool:

@@ -1,5 +1,7 @@
 """``gpreempt selftest`` on a GPU: each mechanism judged from what the GPU executed (its own
-kernels count in a page the self-test reads), with work pending where the GPU holds it."""
+kernels count in a page the self-test reads) once what the job had queued drained, with work
+pending where the GPU holds it; the gates' stream barriers, with a more important task
+registered beside the job, hold queued steps and stop the GPU at once."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ pytestmark = [
 ]
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+#: Steps the job may complete after the suspension for its barriers to hold (_selftest_hold).
+BARRIER_MAX_STEPS = 2
 
 
 def selftest(*mechanisms: str) -> dict:
@@ -34,11 +38,16 @@ def selftest(*mechanisms: str) -> dict:
     return {r["mechanism"]: r for r in json.loads(result.stdout)["rows"]}
 
 
+def _barriers_held(row: dict) -> None:
+    assert row["verdict"] == "works", row
+    assert row["pending"] > 0 and row["drained"] <= BARRIER_MAX_STEPS, row
+    assert row["drain_ms"] < 100, row  # a step or two of 10 ms, not the queue
+
+
 def test_the_gate_holds_gpu_work_and_its_barriers_hold_a_queued_kernel() -> None:
     rows = selftest("gate")
     assert rows["gate"]["verdict"] == "works", rows["gate"]
-    assert rows["barriers"]["verdict"] == "works", rows["barriers"]
-    assert rows["barriers"]["pending"] > 0
+    _barriers_held(rows["barriers"])
 
 
 def test_signal_stops_the_process_and_says_the_gpu_ran_on() -> None:
@@ -52,6 +61,8 @@ def test_the_driver_lock_is_judged_from_the_gpu() -> None:
     assert row["verdict"] in ("works", "unproven"), row  # unproven: a driver before r570
     if row["verdict"] == "unproven":
         assert "r570" in row["note"]
+    else:
+        assert row["drain_ms"] is not None, row  # judged once what it had queued ran
 
 
 @pytest.mark.skipif(not AMD, reason="kfd is AMD's")
@@ -64,5 +75,6 @@ def test_kfd_holds_the_queues_with_work_pending() -> None:
 @pytest.mark.skipif(not NVIDIA, reason="the driver-level gate is CUDA's")
 def test_the_driver_level_gate_alone_holds_the_gpu_job() -> None:
     # PyTorch's operator hook off: only the driver-level gate can have held the job
-    row = selftest("driver-gate")["driver-gate"]
-    assert row["verdict"] == "works", row
+    rows = selftest("driver-gate")
+    assert rows["driver-gate"]["verdict"] == "works", rows["driver-gate"]
+    _barriers_held(rows["driver-barriers"])

@@ -143,6 +143,17 @@ def die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child of the self-test and reap it (SIGKILL after 10 s)."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Workspace:
     """The self-test's directory, its reaper and the pids it must not leave behind."""
 

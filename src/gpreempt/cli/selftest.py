@@ -2,35 +2,41 @@
 
 For each mechanism the self-test starts a private daemon and a job of its own with
 ``gpreempt run --mechanism M`` (:mod:`._selftest_probe`), holds it with ``gpreempt suspend``,
-checks that its progress stood still, releases it and checks that it goes on. On a GPU the
-progress is what the GPU executed, counted by the job's own kernels in a page the self-test
-reads, with work still queued: a mechanism "works" only if the GPU stopped with that work
-pending (or, for the launch gate and the driver lock, once what was in flight drained), and
-``kfd`` only if its tracer says it holds the task's queues. What cannot be shown on this
-machine (no GPU, no PyTorch, no AMD GPU for ``kfd``) is "unproven", never "works". Exit code 0
-when nothing failed.
+waits for what the job had queued to drain, checks that its progress then stood still,
+releases it and checks that it goes on (:mod:`._selftest_hold`). On a GPU the progress is what
+the GPU executed, counted by the job's own kernels in a page the self-test reads, with work
+still queued: a mechanism "works" only if the GPU stopped (after the drain, which the rows
+show), and ``kfd`` only if its tracer says it holds the task's queues. The gate's rows also
+prove its stream barriers. The daemon has them put only while a more important task is
+registered on the job's GPU, so the self-test registers one beside the job
+(:mod:`._selftest_server`) and waits until the job has run what it had queued before, without
+barriers; its daemon lets no gate sleep (an asleep driver-level gate puts none). A barrier row
+"works" only if steps stayed queued on the GPU and it stopped within two steps of the
+suspension. What cannot be shown on this machine (no GPU, no PyTorch, no AMD GPU for ``kfd``)
+is "unproven", never "works". Exit code 0 when nothing failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from ..config import SOCKET_NAME
 from ..names import MechanismName
-from ._selftest_probe import JOB, KIND, KIND_GPU, PID, Counter, Workspace, die_with_parent
-from ._selftest_rows import FAILS, UNPROVEN, WORKS, Machine, Row, report
+from ._selftest_hold import barrier_row, hold_and_release, task, wait
+from ._selftest_probe import JOB, PID, Counter, Workspace, die_with_parent, stop_process
+from ._selftest_rows import FAILS, UNPROVEN, Machine, Row, report
+from ._selftest_server import Server
 
-#: The driver-level gate's row: the gate job with PyTorch's operator hook off, so that only the
-#: driver-level gate (CUPTI, every launch) can hold it.
+#: The driver-level gate's row: the gate job without the in-process client (:func:`_job_command`),
+#: so that only the driver-level gate (CUPTI, every launch) can hold it.
 DRIVER_GATE = "driver-gate"
 MECHANISMS = (
     MechanismName.GATE,
@@ -39,14 +45,14 @@ MECHANISMS = (
     MechanismName.KFD,
     DRIVER_GATE,
 )
+#: The rows whose job puts stream barriers, and the row that says whether they hold.
+BARRIER_ROWS = {MechanismName.GATE: "barriers", DRIVER_GATE: "driver-barriers"}
 
 #: How long a job may take to start (a first GPU run builds the gate's extension).
 START_TIMEOUT_S = 180.0
-#: How long after the suspension what was in flight may still finish, how long progress must
-#: then stand still, and how soon it must come back.
-SETTLE_S = 0.3
-STILL_S = 1.0
-RESUME_TIMEOUT_S = 10.0
+#: How long the job may take to have run what it queued before its more important neighbour
+#: registered (up to 64 steps: about 0.6 s on an H100): work queued without stream barriers.
+TURNOVER_TIMEOUT_S = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,9 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check which preemption mechanisms work on this machine",
         description=(
             "Start a small job of its own under each mechanism (gate, lock, signal, kfd), "
-            "suspend it, check from the GPU's own progress that it stopped and resumed, and "
-            "print what works, what fails, and what could not be proven here. Uses a private "
-            "daemon; exit code 0 when nothing failed."
+            "suspend it, check from the GPU's own progress that it stopped (once what it "
+            "had queued drained) and resumed, and print what works, what fails, and what "
+            "could not be proven here. The gate's rows also check its stream barriers, with a "
+            "more important idle task registered beside the job. Uses a private daemon; exit "
+            "code 0 when nothing failed."
         ),
     )
     parser.add_argument(
@@ -121,7 +129,7 @@ def _run(mechanisms: tuple[str, ...], machine: Machine) -> list[Row]:
                 rows.insert(rows.index(row) + 1, extra)
     finally:
         if daemon is not None:
-            _stop(daemon)
+            stop_process(daemon)
         workspace.close()
     return rows
 
@@ -176,8 +184,11 @@ def _env(runtime: Path, mechanism: str) -> dict[str, str]:
 
 def _start_daemon(runtime: Path, workspace: Workspace) -> subprocess.Popen[bytes]:
     runtime.mkdir(mode=0o700)
+    # no gate sleeps: the server beside a gate row's job is never active, and an asleep gate
+    # puts other barriers (the operator gate's thread) or none (the driver-level gate's)
+    command = [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime)]
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime)],
+        [*command, "--sleep-after-s", "0"],
         env=_env(runtime, MechanismName.SIGNAL),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -190,168 +201,82 @@ def _start_daemon(runtime: Path, workspace: Workspace) -> subprocess.Popen[bytes
     return daemon
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def _exercise(row: Row, runtime: Path, workspace: Workspace, mode: str) -> Row | None:
     """Run the job under ``row.mechanism``, suspend it, resume it, and fill in the row (and
-    return the stream barriers' row for the gate)."""
+    return its stream barriers' row, for the gate rows)."""
     name = f"selftest-{row.mechanism}"
     counter = workspace.counter(name)
     log_path = workspace.path / f"{name}.log"
-    command = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(runtime)]
-    under = MechanismName.GATE if row.mechanism == DRIVER_GATE else row.mechanism
-    command += ["--mechanism", under, "--priority", "low", "--name", name]
-    command += ["--", sys.executable, "-c", JOB, str(counter.path), mode]
+    env = _env(runtime, row.mechanism)
     with open(log_path, "wb") as log:
         job = subprocess.Popen(
-            command,
-            env=_env(runtime, row.mechanism),
+            _job_command(runtime, row.mechanism, name, env, [str(counter.path), mode]),
+            env=env,
             stdout=log,
             stderr=log,
             preexec_fn=die_with_parent,
         )
     workspace.record(job.pid)
+    barriers = BARRIER_ROWS.get(row.mechanism)
+    server: Server | None = None
     try:
         timeout = START_TIMEOUT_S if mode == "gpu" else 20.0
-        if not _wait(lambda: counter.executed > 0, job, timeout):
+        if not wait(lambda: counter.executed > 0, job, timeout):
             row.verdict, row.note = FAILS, _why(log_path, "the job did not start")
-            return None
+            return None if barriers is None else barrier_row(barriers, row, "")
         workspace.record(counter.word(PID))  # the job (it leads its group)
-        return _hold_and_release(row, runtime, counter, job, mode)
+        beside = ""
+        if barriers is not None:
+            server = Server(runtime, workspace, _env(runtime, "server"))
+            beside = server.error or _turn_over(counter, job)
+        hold_and_release(row, runtime, name, counter, job, mode)
+        if row.mechanism == DRIVER_GATE:
+            _check_driver_gate(row, runtime, name)
+        if barriers is None:
+            return None
+        return barrier_row(barriers, row, beside)
     finally:
-        _stop(job)
+        stop_process(job)
+        if server is not None:
+            server.stop()
         counter.close()
 
 
-def _hold_and_release(
-    row: Row, runtime: Path, counter: Counter, job: subprocess.Popen[bytes], mode: str
-) -> Row | None:
-    name = f"selftest-{row.mechanism}"
-    start = time.perf_counter()
-    failed = _control(runtime, "suspend", name)
-    row.suspend_ms = round((time.perf_counter() - start) * 1e3, 1)
-    if failed is not None:
-        row.verdict, row.note = FAILS, failed
-        return None
-    if row.mechanism == MechanismName.KFD:
-        row.queues = _held_queues(counter.word(PID))
-    time.sleep(SETTLE_S)
-    executed, launched = counter.executed, counter.launched
-    time.sleep(STILL_S)
-    # signal stops the CPU side only: its proof is the launches; the others hold the GPU
-    cpu_side = row.mechanism == MechanismName.SIGNAL
-    row.stopped = (counter.launched if cpu_side else counter.executed) == (
-        launched if cpu_side else executed
-    )
-    row.pending = counter.launched - counter.executed
-    ran_on = counter.executed - executed
-    failed = _control(runtime, "resume", name)
-    if failed is not None:
-        row.resumed, row.verdict, row.note = False, FAILS, failed
-        return None
-    after = counter.executed
-    row.resumed = _wait(lambda: counter.executed > after, job, RESUME_TIMEOUT_S)
-    gpu_counted = mode == "gpu" and counter.word(KIND) == KIND_GPU
-    task = _task(runtime, name)
-    _judge(row, gpu_counted, ran_on, task.get("last_mechanism"))
-    driver = (task.get("gate") or {}).get("driver")
-    if row.mechanism == DRIVER_GATE and row.verdict == WORKS and driver != "on":
+def _job_command(
+    runtime: Path, mechanism: str, name: str, env: dict[str, str], args: list[str]
+) -> list[str]:
+    """``gpreempt run`` over the job. The driver-gate row's job runs without the in-process
+    client (``PYTHONPATH`` as the launcher had it, without the client that ``gpreempt run``
+    puts first): the driver-level gate then opens its own channel, as for any CUDA program,
+    and nothing else can hold the job. With the client, PyTorch's operator hook would hold it
+    too, or, with that hook off, the client's block would be the task's without a gate."""
+    command = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", str(runtime)]
+    under = MechanismName.GATE if mechanism == DRIVER_GATE else mechanism
+    command += ["--mechanism", under, "--priority", "low", "--name", name, "--"]
+    if mechanism == DRIVER_GATE:
+        command += [shutil.which("env") or "env", f"PYTHONPATH={env.get('PYTHONPATH', '')}"]
+    return [*command, sys.executable, "-c", JOB, *args]
+
+
+def _turn_over(counter: Counter, job: subprocess.Popen[bytes]) -> str:
+    """Wait until the job has run every step it queued before it got its in-flight share
+    (barriers go only into what is launched after): the GPU then finds a barrier between
+    every two of its kernels. "" when done, else why not."""
+    time.sleep(0.05)  # the daemon writes the share as it registers the task; the gate reads it
+    queued = counter.launched
+    if wait(lambda: counter.executed >= queued, job, TURNOVER_TIMEOUT_S):
+        return ""
+    return "what the job queued before its share (no barriers) did not run"
+
+
+def _check_driver_gate(row: Row, runtime: Path, name: str) -> None:
+    """A driver-gate row is about the driver-level gate only if it was on in the job (its job
+    has no in-process client: nothing else could hold it)."""
+    driver = (task(runtime, name).get("gate") or {}).get("driver")
+    if driver == "failed":
+        row.verdict, row.note = FAILS, "the driver-level gate failed in the job"
+    elif driver != "on" and row.verdict != UNPROVEN:
         row.verdict, row.note = UNPROVEN, f"the driver-level gate was {driver}, not on"
-    if row.mechanism == MechanismName.GATE:
-        return _barrier_row(row, gpu_counted)
-    return None
-
-
-def _judge(row: Row, gpu_counted: bool, ran_on: int, used: str | None) -> None:
-    if not row.stopped:
-        row.verdict, row.note = FAILS, "the job kept making progress while suspended"
-    elif not row.resumed:
-        row.verdict, row.note = FAILS, "the job made no progress after resume"
-    elif row.mechanism == MechanismName.SIGNAL:
-        row.verdict = WORKS
-        if gpu_counted and ran_on:
-            row.note = f"the GPU ran on ({ran_on} queued steps) while the process stood still"
-    elif not gpu_counted:
-        row.note = "progress not read from GPU memory (no GPU, or its page could not be mapped)"
-    elif row.mechanism == MechanismName.KFD and used != MechanismName.KFD:
-        row.verdict, row.note = FAILS, f"the daemon fell back to {used}: see its 'degraded' event"
-    elif row.mechanism == MechanismName.KFD and not row.queues:
-        row.verdict, row.note = FAILS, "the tracer held none of the job's GPU queues"
-    elif row.mechanism == MechanismName.KFD and not row.pending:
-        row.note = "no GPU work was pending: held, but not shown to be held on the GPU"
-    else:
-        row.verdict = WORKS
-        if row.mechanism == MechanismName.KFD:
-            row.note = f"{row.queues} queues held with {row.pending} steps pending"
-
-
-def _barrier_row(gate: Row, gpu_counted: bool) -> Row:
-    """The gate's stream barriers: proven only by a kernel they held queued behind them."""
-    row = Row("barriers", stopped=gate.stopped, resumed=gate.resumed, pending=gate.pending)
-    if gate.verdict == FAILS:
-        row.note = "the gate failed"
-    elif not gpu_counted:
-        row.note = gate.note
-    elif gate.pending:
-        row.verdict = WORKS
-        row.note = f"{gate.pending} steps held queued behind a barrier"
-    else:
-        row.note = "no kernel was held queued behind a barrier (barriers off?)"
-    return row
-
-
-def _held_queues(pid: int) -> int | None:
-    from ..errors import GpreemptError
-    from ..mechanisms.kfd import request
-
-    try:
-        value = request(pid, "held").get("suspended")
-    except GpreemptError:
-        return None
-    return value if isinstance(value, int) else None
-
-
-def _task(runtime: Path, name: str) -> dict[str, Any]:
-    """The task called ``name`` as ``gpreempt status --json`` shows it ({} if none)."""
-    from ..client.api import status
-    from ..errors import GpreemptError
-
-    with contextlib.suppress(GpreemptError):
-        for task in status(runtime_dir=runtime).get("tasks", []):
-            if task.get("name") == name:
-                return dict(task)
-    return {}
-
-
-def _wait(ready: Any, job: subprocess.Popen[bytes], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return True
-        if job.poll() is not None:
-            return False
-        time.sleep(0.02)
-    return False
-
-
-def _control(runtime: Path, verb: str, name: str) -> str | None:
-    """``gpreempt suspend|resume NAME``; None on success, else the error line."""
-    from ..client.api import resume, suspend
-    from ..errors import GpreemptError
-
-    try:
-        (suspend if verb == "suspend" else resume)(name, runtime_dir=runtime)
-    except GpreemptError as exc:
-        return f"{verb} failed: {exc}"
-    return None
 
 
 def _why(log: Path, default: str) -> str:
