@@ -74,6 +74,18 @@ def test_run_loads_it_into_the_command(daemon, runtime_dir) -> None:
     assert reply.stdout.strip() == str(path)
 
 
+def test_a_task_held_by_the_driver_lock_runs_without_it(tmp_path) -> None:
+    # CUDA's checkpoint lock refuses a process that loaded a tools library
+    from gpreempt.client.launcher import child_environment
+    from gpreempt.messages import TaskFields
+
+    path = _library()
+    gated = child_environment(tmp_path, TaskFields(priority=-100, mechanism="gate"))
+    assert gated.get("CUDA_INJECTION64_PATH") == str(path)
+    locked = child_environment(tmp_path, TaskFields(priority=-100, mechanism="lock"))
+    assert "CUDA_INJECTION64_PATH" not in locked
+
+
 #: A program with no Python client of its own (it imports nothing of gpreempt) whose CUDA
 #: "starts": it calls InitializeInjection as the driver would at cuInit, then reports the
 #: watch list its gate holds. Without libcuda here, the gate's state is "failed" (it cannot

@@ -163,7 +163,10 @@ def child_environment(runtime_dir: Path, spec: TaskFields | None = None) -> dict
     env[ENV_TASK_ID] = "1"
     parts = [str(AGENT_SITE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
-    if spec is not None:
+    # CUDA's checkpoint lock refuses a process that loaded a tools library
+    # (CUDA_ERROR_NOT_SUPPORTED, even once the gate let go of CUPTI): a task held by the lock
+    # runs without the driver-level gate
+    if spec is not None and not kind(spec.mechanism).holds_driver_lock:
         from .gate.driver import command_environment
 
         extra, note = command_environment(env, spec.priority, kind(spec.mechanism).closes_gate)
