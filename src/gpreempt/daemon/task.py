@@ -273,6 +273,7 @@ class Task:
             barriers=self.gated and self.barriers_on,
             hinted=self.hinted,
             idle_s=idle_s,
+            uid=self.uid,
         )
 
     def describe(self, now: float) -> dict[str, Any]:
