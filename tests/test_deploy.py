@@ -138,3 +138,46 @@ def test_the_systemd_unit_bounds_the_daemon_to_what_it_needs() -> None:
     (line,) = [ln for ln in text.splitlines() if ln.startswith("CapabilityBoundingSet=")]
     bound = {c.removeprefix("CAP_") for c in line.split("=", 1)[1].split()}
     assert bound >= NEEDED_CAPS
+
+
+def _pod_spec(doc: dict) -> dict:
+    """The pod template's spec of a workload object (Deployment, Job, DaemonSet...)."""
+    spec = doc.get("spec", {})
+    return spec.get("template", {}).get("spec", spec) if doc.get("kind") != "Pod" else spec
+
+
+def _runtime_mounts(path: Path) -> list[tuple[str, dict]]:
+    """(kind, volume mount) for every mount of the node's runtime directory (a hostPath
+    volume of /run/gpreempt) in ``path``'s objects."""
+    found = []
+    for doc in _documents(path):
+        pod = _pod_spec(doc)
+        volumes = {
+            v["name"]
+            for v in pod.get("volumes", [])
+            if v.get("hostPath", {}).get("path") == "/run/gpreempt"
+        }
+        for container in pod.get("containers", []) + pod.get("initContainers", []):
+            found += [
+                (doc["kind"], m) for m in container.get("volumeMounts", []) if m["name"] in volumes
+            ]
+    return found
+
+
+def test_workloads_mount_the_runtime_directory_read_only() -> None:
+    # a client only connects to the daemon's socket (tests/test_read_only_mount.py): a
+    # workload, root in its container as most are, cannot touch the daemon's files
+    workloads = [p for p in MANIFESTS if p.name != "gpreempt.yaml"]
+    assert workloads
+    for path in workloads:
+        mounts = _runtime_mounts(path)
+        assert mounts, f"{path.name} does not mount the runtime directory"
+        for kind, mount in mounts:
+            assert mount.get("readOnly") is True, f"{path.name}: {kind} mounts it writable"
+    # the daemon alone writes there
+    daemon = _runtime_mounts(DEPLOY / "kubernetes" / "gpreempt.yaml")
+    assert [m.get("readOnly", False) for _kind, m in daemon] == [False]
+    # and the opt-in that docs/deploy.md shows is read-only too
+    guide = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    shown = re.findall(r"volumeMounts: \[(\{.*?\})\]", guide)
+    assert shown and all("readOnly: true" in mount for mount in shown), shown

@@ -106,7 +106,7 @@ def test_a_request_suspends_the_whole_group_and_turns_pass_without_a_pause() -> 
     assert during.suspend == {2, 3} and during.turns == set()  # preempted, not turn-waiting
     # a holder stopped by the request does not count as idle...
     assert clock.at(10.019, server(active=True), trainer(2, active=False), trainer(3)).suspend
-    assert clock.memory[(0, -100)].task_id == 2
+    assert clock.memory[(0, -100, 0)].task_id == 2
     # ...and when its turn runs out meanwhile, the next one may start as soon as it ends
     clock.at(10.0 + TURN_S, server(active=True), trainer(2, active=False), trainer(3))
     after = clock.at(10.021, server(), trainer(2, active=False), trainer(3, active=False))
@@ -138,12 +138,27 @@ def test_who_takes_turns() -> None:
     )
     snapshot = Snapshot(now=0.0, tasks=tasks)
     groups = turn_groups(snapshot)
-    assert {k: [t.task_id for t in v] for k, v in groups.items()} == {(0, -100): [2, 3]}
+    assert {k: [t.task_id for t in v] for k, v in groups.items()} == {(0, -100, 0): [2, 3]}
     # the group, 4, 5 and 7 launch side by side on GPU 0; 5 is alone on GPU 1
     assert launch_slots(snapshot, groups) == {0: 4, 1: 0}
     assert launch_slots(snapshot) == {0: 5, 1: 0}
     # the most important task itself never waits, nor do peers with no one above them
     assert turn_groups(Snapshot(now=0.0, tasks=(trainer(2), trainer(3)))) == {}
+
+
+def test_turns_are_taken_among_tasks_of_one_user_only() -> None:
+    # a member's gate words say it waits for its peers' turns; no other user need believe
+    # that: another user's trainers run beside the group, each user's own group taking turns
+    tasks = (server(), trainer(2), trainer(3), trainer(4, uid=1000), trainer(5, uid=1000))
+    snapshot = Snapshot(now=0.0, tasks=tasks)
+    groups = {k: [t.task_id for t in v] for k, v in turn_groups(snapshot).items()}
+    assert groups == {(0, -100, 0): [2, 3], (0, -100, 1000): [4, 5]}
+    assert launch_slots(snapshot, turn_groups(snapshot)) == {0: 2}
+    decision = Clock().at(10.0, *tasks)
+    assert decision.turns == {3, 5}  # one of each user's group waits, not 4 for 2's turn
+    lone = (server(), trainer(2), trainer(4, uid=1000))
+    assert turn_groups(Snapshot(now=0.0, tasks=lone)) == {}
+    assert Clock().at(10.0, *lone).suspend == set()
 
 
 def test_a_holder_that_leaves_passes_the_turn_on() -> None:

@@ -27,6 +27,11 @@ class DaemonUnavailable(GpreemptError):
     """No daemon answers on the runtime directory's socket."""
 
 
+class DaemonNotStartable(DaemonUnavailable):
+    """No daemon answers, and none can be started here: the runtime directory is read-only
+    (a node daemon's, mounted read-only into a container)."""
+
+
 class DaemonAlreadyRunning(GpreemptError):
     """Another daemon already serves this runtime directory."""
 

@@ -70,6 +70,15 @@ def prepare_runtime_dir(path: Path, shared: bool = False) -> Path:
     return path
 
 
+def read_only(path: Path) -> bool:
+    """Whether ``path`` lies on a read-only mount (a node daemon's directory mounted into a
+    container: its socket can be connected to, nothing can be created in it)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class FileIdentity:
     """Which file a path named when it was taken (device and inode)."""

@@ -34,10 +34,11 @@ from ..config import (
     env_number,
     resolve_runtime_dir,
 )
-from ..errors import DaemonUnavailable, GpreemptError, UsageError
+from ..errors import DaemonNotStartable, DaemonUnavailable, GpreemptError, UsageError
 from ..mechanisms import kind
 from ..mechanisms.cuda_driver import release_process
 from ..messages import RegisterRequest, TaskFields
+from ..runtime_dir import read_only
 from .connection import DaemonClient
 
 #: How long to wait for a daemon we started to answer.
@@ -91,6 +92,11 @@ def connect_or_start_daemon(runtime_dir: Path, policy: str | None = None) -> Dae
         return check_policy(DaemonClient.connect(runtime_dir, timeout=timeout), policy)
     except DaemonUnavailable:
         pass
+    if read_only(runtime_dir):
+        raise DaemonNotStartable(
+            f"no gpreempt daemon answers at {runtime_dir}, and none can start there: the "
+            "directory is read-only (a node daemon's, mounted read-only)"
+        )
     ensure_private_dir(runtime_dir)
     command = [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime_dir)]
     if policy:
@@ -197,7 +203,10 @@ class Launcher:
         executable = shutil.which(self.command[0])
         if executable is None:
             raise UsageError(f"command not found or not executable: {self.command[0]}")
-        self.client = connect_or_start_daemon(self.runtime_dir, self.policy)
+        try:
+            self.client = connect_or_start_daemon(self.runtime_dir, self.policy)
+        except DaemonNotStartable as exc:  # the node's daemon is not up yet: wait for it
+            say(f"{exc}: running the command without preemption until that daemon answers")
         go_r, go_w = os.pipe()
         ready_r, ready_w = os.pipe()
         try:
@@ -230,13 +239,16 @@ class Launcher:
             except BaseException:
                 os.close(go_w)
                 raise
+        client = self.client  # None: no daemon yet, the command registers once one answers
         try:
-            self._register(self.client)
+            if client is not None:
+                self._register(client)
         except DaemonUnavailable as exc:
             # It may have registered (and even stopped) the command before it stopped
             # answering: drop the connection (an owned task ends with it) and resume the
             # command ourselves before it runs unmanaged.
-            self.client.close()
+            assert client is not None
+            client.close()
             self.client = None
             self._resume_child()
             say(

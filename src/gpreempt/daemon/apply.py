@@ -24,7 +24,7 @@ from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
 from .backstop import Backstop
-from .backstop_plan import BackstopPlan
+from .backstop_plan import BackstopPlan, HoldLeak
 from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
 from .plan import Plan
@@ -124,23 +124,21 @@ class Executor:
 
     def apply_backstop(self, plan: BackstopPlan) -> None:
         """Carry out the backstop's plan (backstop_plan.py): note each hold's baseline, report
-        each hold that leaks, and lock the tasks it names, each recorded first."""
+        each hold that leaks (its gate no longer trusted), and lock the tasks it names, or stop
+        them with signals, each recorded first."""
         tasks = self.host.registry.tasks
         for baseline in plan.baselines:
             tasks[baseline.task_id].hold_baseline = baseline.launches
         for leak in plan.leaks:
             task = tasks[leak.task_id]
             task.hold_leaked = True
+            task.gate_untrusted = True
             task.counters.hold_leaks += 1
-            fallback = "the driver lock backs it up" if leak.locked else "no driver lock here"
             self.host.events.write(
                 "error",
                 **task.event_fields(),
                 mechanism=task.suspended_with,
-                reason=(
-                    f"its suspension does not hold: {leak.moved} launches while its gate was "
-                    f"closed; {fallback}"
-                ),
+                reason=f"its suspension does not hold: {_evidence(leak)}; {_fallback(leak, task)}",
             )
         for task_id in plan.locks:
             task = tasks[task_id]
@@ -148,6 +146,50 @@ class Executor:
                 self.host.backstop.lock(task)
             else:
                 self.host.backstop.not_recorded(task)
+        for task_id in plan.signals:
+            self._stop_behind_gate(tasks[task_id])
+
+    def _stop_behind_gate(self, task: Task) -> None:
+        """Stop ``task`` with signals behind its closed gate (recorded first); the backstop
+        tries nothing more on it this suspension if that fails."""
+        backstop = self.host.backstop
+        if not self.host.record_stops({task.task_id: MechanismName.SIGNAL}):
+            backstop.not_recorded(task)
+            return
+        start = time.perf_counter()
+        try:
+            self.signal(task, stop=True)
+        except NoSuchProcess:
+            return
+        except GpreemptError as exc:
+            backstop.not_recorded(task)
+            self.host.events.write(
+                "error",
+                **task.event_fields(),
+                mechanism=MechanismName.SIGNAL,
+                reason=f"backstop signal failed: {exc}",
+            )
+            return
+        task.backstop_signalled = True
+        self.host.events.write(
+            "backstop",
+            **task.event_fields(),
+            mechanism=MechanismName.SIGNAL,
+            latency_ms=(time.perf_counter() - start) * 1e3,
+            reason=backstop.why(task),
+        )
+
+    def signal(self, task: Task, *, stop: bool) -> None:
+        """Stop (``stop``) or continue ``task`` with signals, as mechanism ``signal`` does, with
+        its owner's authority where it can. Raises NoSuchProcess once it is gone,
+        GpreemptError if it cannot be signalled."""
+        mechanism = self.host.mechanisms.get(MechanismName.SIGNAL)
+        with self._authority(task, MechanismName.SIGNAL):
+            target = self.target(task, MechanismName.SIGNAL)
+            if stop:
+                mechanism.suspend(target)
+            else:
+                mechanism.resume(target)
 
     # ------------------------------------------------------------------ one task
     def suspend(
@@ -242,6 +284,17 @@ class Executor:
         used = task.suspended_with or MechanismName.SIGNAL
         start = time.perf_counter()
         self.host.backstop.release(task)
+        if task.backstop_signalled:  # its backstop's signals first, then its gate
+            task.backstop_signalled = False
+            try:
+                self.signal(task, stop=False)
+            except GpreemptError as exc:
+                self.host.events.write(
+                    "error",
+                    **task.event_fields(),
+                    mechanism=MechanismName.SIGNAL,
+                    reason=f"backstop continue failed: {exc}",
+                )
         try:
             with self._authority(task, used):
                 self.host.mechanisms.concrete[used].resume(self.target(task, used))
@@ -280,3 +333,24 @@ class Executor:
             assert pgid is not None
             whole = self.host.census.owned_by(pgid, task.uid)
         return task.target(whole_group=whole)
+
+
+def _evidence(leak: HoldLeak) -> str:
+    """What gave a leaking hold away, for its event."""
+    if leak.ran is None:
+        return f"{leak.moved} launches while its gate was closed"
+    return (
+        f"its process {leak.ran.pid} ran {leak.ran.seconds * 1e3:.0f} ms on the CPU in "
+        f"{leak.ran.held_s * 1e3:.0f} ms while its gate was closed (the kernel's count)"
+    )
+
+
+def _fallback(leak: HoldLeak, task: Task) -> str:
+    """What backs a leaking hold up now, for its event."""
+    if leak.locked:
+        return "the driver lock backs it up"
+    if leak.signals:
+        return "signals stop it (no driver lock here)"
+    if task.preempted_since is None:  # it waited for a peer's turn
+        return "its gate's words no longer count: it takes no turns"
+    return "no driver lock here"

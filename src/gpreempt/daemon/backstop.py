@@ -1,4 +1,4 @@
-"""The driver lock behind the gate, for tasks whose mechanism is ``auto``.
+"""The driver lock, or signals, behind the gate.
 
 A closed gate stops the launches that go through PyTorch's dispatcher. Work it cannot see goes
 on: kernels a thread launches without an operator (custom extensions, code that
@@ -18,11 +18,20 @@ gate's barriers hold what it queued on its stream; a lock would wait for that he
 request ended, then stop the task's CPU while it unlocks. A driver-level gate that is not on
 (released to a profiler, its CUPTI subscriber taken) leaves work unseen: the lock backs it up.
 
+Where the driver has no lock (no NVIDIA driver r570+: CPU machines, AMD), signals
+(SIGSTOP/SIGCONT of the task, as mechanism ``signal`` sends them, by the executor) take its
+place, for fewer tasks: those below another user's task (whose gate words nobody else need
+believe) once held ``delay_ms``, and those whose gate was found not to hold. A lock that fails
+falls back to them.
+
 A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`, while
 its gate word is closed outright (a hold by hand, or a watch list the gate does not have yet) the
 launches its driver-level gates saw must stand still (each held thread counts the one launch it
-holds). If they move on, the task's work escaped its gate: that is an ``error`` event, a count in
-its status (``hold_leaks``), and the driver lock for the rest of the suspension.
+holds); and while every word of it is closed outright, its processes must not keep running on
+the CPU, by the kernel's count (hold_meter.py). If either goes on, the task's work escaped its
+gate: that is an ``error`` event, a count in its status (``hold_leaks``), the lock or signals at
+once, and its gate's words no longer count (``gate_untrusted``: it is backed up at once at every
+later suspension, mechanism ``gate`` included, and takes no turns among peers).
 
 These rules are pure functions over frozen facts (backstop_plan.py); the executor (apply.py)
 carries out what they return, with the lock calls of this module's :class:`Backstop`.
@@ -39,8 +48,9 @@ from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from . import backstop_plan
-from .backstop_plan import BackstopPlan, HoldFacts
+from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
+from .hold_meter import HoldMeter
 from .registry import Registry
 from .task import Task
 
@@ -51,13 +61,16 @@ LOCK_TIMEOUT_MS = 1000
 
 
 class Backstop:
-    """Locks gate-held ``auto`` tasks after a delay; unlocks them before they resume.
+    """Locks gate-held tasks after a delay (or has them stopped with signals); unlocks them
+    before they resume.
 
     It reads the tasks of ``registry`` (the facts its rules decide on, backstop_plan.py),
     takes the locks the executor asks for and writes what they did to ``events``;
     ``lock_available``: whether this machine's driver offers the lock (without a ``driver``
-    given, the backstop is off where it does not). ``wake_fd`` is written to when a lock
-    call finishes, to wake the daemon's loop, which then calls :meth:`collect`.
+    given, the lock is not used where it does not); ``signals``: whether the executor may stop
+    tasks with signals in its place. ``wake_fd`` is written to when a lock call finishes, to
+    wake the daemon's loop, which then calls :meth:`collect`. ``meter`` measures held tasks'
+    CPU time (hold_meter.py).
     """
 
     def __init__(
@@ -69,6 +82,8 @@ class Backstop:
         *,
         lock_available: bool = True,
         wake_fd: int | None = None,
+        signals: bool = False,
+        meter: HoldMeter | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -76,29 +91,43 @@ class Backstop:
         self.delay_s = delay_ms / 1e3
         self._driver = driver
         self._wake_fd = wake_fd
+        self.signals = signals
+        self.meter = meter or HoldMeter()
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
         self._cancelled: set[int] = set()
-        #: Tasks the driver could not lock during this suspension: not tried again until then.
+        #: Tasks the backstop could not stop during this suspension: not tried again until then.
         self._failed: set[int] = set()
+        #: Of those, the ones whose driver lock failed: signals may take its place.
+        self._lock_failed: set[int] = set()
         #: (task id, pid, call ms, error) of finished lock calls, from the helper threads.
         self._done: queue.SimpleQueue[tuple[int, int, float, str | None]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
 
     @property
-    def enabled(self) -> bool:
+    def can_lock(self) -> bool:
         return self.delay_s > 0 and (self._driver is not None or self.lock_available)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything backs a gate up: the lock, else signals (``--backstop-ms 0``:
+        nothing)."""
+        return self.can_lock or (self.delay_s > 0 and self.signals)
 
     @property
     def driver(self) -> CheckpointDriver:
         return self._driver if self._driver is not None else CheckpointDriver.get()
 
-    def facts(self) -> tuple[HoldFacts, ...]:
-        """Every task as the backstop's rules read it (backstop_plan.py)."""
-        return tuple(self._facts(task) for task in self.registry.tasks.values())
+    def facts(self, full: dict[int, CpuWindow] | None = None) -> tuple[HoldFacts, ...]:
+        """Every task as the backstop's rules read it (backstop_plan.py); ``full``: the
+        holding windows the meter filled, by task id."""
+        windows = full or {}
+        return tuple(
+            self._facts(task, windows.get(task.task_id)) for task in self.registry.tasks.values()
+        )
 
-    def _facts(self, task: Task) -> HoldFacts:
+    def _facts(self, task: Task, window: CpuWindow | None) -> HoldFacts:
         """``task`` as the rules read it, with what this backstop tried on it."""
         gate_holds = task.suspended and kind(task.suspended_with).in_process
         return HoldFacts(
@@ -119,18 +148,36 @@ class Backstop:
             must_stand_still=self._must_stand_still(task),
             hold_baseline=task.hold_baseline,
             hold_leaked=task.hold_leaked,
+            closes_gate=kind(task.mechanism).closes_gate,
+            untrusted=task.gate_untrusted,
+            signalled=task.backstop_signalled,
+            lock_failed=task.task_id in self._lock_failed,
+            cpu_counted=self.meter.counted(task),
+            cpu_window=window,
         )
 
     def plan(self, now: float) -> BackstopPlan:
-        """What the backstop does now: the holds to check, the tasks to lock."""
+        """What the backstop does now: the holds to check (its meter looks at every task
+        first), the tasks to lock or stop with signals."""
+        self.meter.look(self.registry.tasks.values(), now)
         return backstop_plan.plan_backstop(
-            self.facts(), now, delay_s=self.delay_s, lock=self.enabled
+            self.facts(self.meter.take_full()),
+            now,
+            delay_s=self.delay_s,
+            lock=self.can_lock,
+            signals=self.enabled and self.signals,
         )
 
     def next_due(self, now: float | None = None) -> float | None:
-        """Daemon time (monotonic) at which a task next needs its lock or a check, if any."""
+        """Daemon time (monotonic) at which a task next needs its backup or a check, if any."""
         now = time.monotonic() if now is None else now
-        return backstop_plan.next_due(self.facts(), now, delay_s=self.delay_s, lock=self.enabled)
+        return backstop_plan.next_due(
+            self.facts(),
+            now,
+            delay_s=self.delay_s,
+            lock=self.can_lock,
+            signals=self.enabled and self.signals,
+        )
 
     @staticmethod
     def _must_stand_still(task: Task) -> bool:
@@ -139,6 +186,14 @@ class Backstop:
         by itself once none is, and while one is, its barriers hold the work on the GPU and
         the CPU may queue on behind them (docs/gate.md): its launches then prove nothing."""
         return any(c.gate_word % 2 == 1 for c in task.controls.values())
+
+    def why(self, task: Task) -> str:
+        """Why ``task`` is backed up, for its ``backstop`` event."""
+        if task.gate_untrusted:
+            return "its gate was found not to hold"
+        if task.task_id in self._lock_failed:
+            return "its driver lock failed"
+        return f"held by its gate for {self.delay_s * 1e3:g} ms"
 
     def lock(self, task: Task) -> None:
         """Start locking ``task`` in the driver, on a helper thread (its stop recorded first:
@@ -149,9 +204,10 @@ class Backstop:
         thread.start()
 
     def not_recorded(self, task: Task) -> None:
-        """``task``'s lock could not be recorded first: nobody could lift it after a crash, so
-        it is not taken, nor tried again this suspension."""
+        """``task``'s lock or signals could not be recorded first (nobody could lift them
+        after a crash), or its signals failed: nothing is tried again this suspension."""
         self._failed.add(task.task_id)
+        self._lock_failed.discard(task.task_id)
 
     def _lock(self, task_id: int, pid: int) -> None:
         start = time.perf_counter()
@@ -183,6 +239,7 @@ class Backstop:
             if error is not None:
                 if task is not None:
                     self._failed.add(task_id)
+                    self._lock_failed.add(task_id)  # signals may take its place
                     self.events.write(
                         "error",
                         **task.event_fields(),
@@ -199,7 +256,7 @@ class Backstop:
                     **task.event_fields(),
                     mechanism=MechanismName.LOCK,
                     latency_ms=latency_ms,
-                    reason=f"held by its gate for {self.delay_s * 1e3:g} ms",
+                    reason=self.why(task),
                 )
 
     def finish(self) -> None:
@@ -209,11 +266,14 @@ class Backstop:
         self._threads = []
         self.collect()
 
-    def release(self, task: Task) -> None:
-        """Before ``task`` resumes: lift its lock, or have it lifted once it is taken."""
+    def release(self, task: Task, now: float | None = None) -> None:
+        """Before ``task`` resumes (at daemon time ``now``): count its hold, lift its lock, or
+        have it lifted once it is taken (its signals are the executor's to undo)."""
+        self.meter.close(task, time.monotonic() if now is None else now)
         task.hold_baseline = None
         task.hold_leaked = False
         self._failed.discard(task.task_id)
+        self._lock_failed.discard(task.task_id)
         if task.task_id in self._locking:
             self._cancelled.add(task.task_id)
         elif task.backstop_locked:

@@ -178,7 +178,9 @@ class MemoryMover:
                 f"{footprint / 2**30:.1f} GiB on the GPU and {available / 2**30:.1f} GiB are "
                 "available on the host"
             )
-        stopped = task.suspended and kind(task.suspended_with).stops_process
+        stopped = task.suspended and (
+            kind(task.suspended_with).stops_process or task.backstop_signalled
+        )
         start = time.perf_counter()
         if stopped:  # the driver needs the process's threads to take the lock
             signal_mechanism.send(task.target(), signal.SIGCONT)

@@ -157,6 +157,18 @@ def resume_leftovers(path: Path) -> list[tuple[SuspendedRecord, str]]:
     return outcomes
 
 
+def _stopped_with(task: Task) -> str:
+    """What a successor must undo for a stopped ``task``: its eviction, the backstop's lock or
+    signals behind its gate, or the mechanism that suspended it."""
+    if task.evicted:
+        return EVICTED
+    if task.backstop_locked:
+        return MechanismName.LOCK
+    if task.backstop_signalled:
+        return MechanismName.SIGNAL
+    return task.suspended_with or MechanismName.SIGNAL
+
+
 class StateFiles:
     """The daemon's two state files in its runtime directory, each rewritten only when what
     it records changes; a failed write (a full disk) is counted and shown, never fatal."""
@@ -187,18 +199,19 @@ class StateFiles:
                 pid=t.pid,
                 pgid=t.identity.pgid,
                 start_time=t.identity.start_time,
-                mechanism=EVICTED
-                if t.evicted
-                else (
-                    MechanismName.LOCK
-                    if t.backstop_locked
-                    else (t.suspended_with or MechanismName.SIGNAL)
-                ),
+                mechanism=_stopped_with(t),
                 name=t.name,
             )
             for t in tasks
             if t.evicted
-            or (t.suspended and (not kind(t.suspended_with).in_process or t.backstop_locked))
+            or (
+                t.suspended
+                and (
+                    not kind(t.suspended_with).in_process
+                    or t.backstop_locked
+                    or t.backstop_signalled
+                )
+            )
         ]
         listed = {r.pid for r in records}
         records += [

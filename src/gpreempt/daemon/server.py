@@ -21,6 +21,7 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
 from .event_log import EventLog
 from .handlers import Handlers
+from .hold_meter import HoldMeter
 from .identity import GroupCensus, protected_pids
 from .lifecycle import TaskLifecycle
 from .limits import Limits
@@ -176,13 +178,7 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        self.backstop = Backstop(
-            self.registry,
-            self.events,
-            self.backstop_ms,
-            lock_available=self.mechanisms.lock_unavailable is None,
-            wake_fd=self._wake_w,
-        )
+        self.backstop = backstop_for(self)
         self.lifecycle = TaskLifecycle(
             self.registry,
             self.registrar,
@@ -330,6 +326,7 @@ class Daemon:
             pass
         if self.backstop.collect():  # a backstop lock finished
             self.persist()
+        self.dirty = True  # a pass: signals may take the place of a lock that failed
 
     # ------------------------------------------------------------------ scheduling
     def reconcile(self) -> None:
@@ -359,3 +356,23 @@ class Daemon:
 
     def listen_to_doorbell(self, peer: Peer) -> None:
         self.connections.listen_to_doorbell(peer)
+
+
+def backstop_for(daemon: Daemon) -> Backstop:
+    """The daemon's backstop: the driver lock where this machine has one, else signals that
+    its executor sends; its meter reads the CPU time of each task's channel processes (those
+    that hold its gates)."""
+    return Backstop(
+        daemon.registry,
+        daemon.events,
+        daemon.backstop_ms,
+        lock_available=daemon.mechanisms.lock_unavailable is None,
+        wake_fd=daemon._wake_w,
+        signals=True,
+        meter=HoldMeter(partial(channel_pids, daemon.peers)),
+    )
+
+
+def channel_pids(peers: dict[int, Peer], task: Task) -> list[int]:
+    """The processes that hold ``task``'s gates: those of its channels."""
+    return [peer.pid for conn in task.controls if (peer := peers.get(conn)) is not None]

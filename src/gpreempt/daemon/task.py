@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..field_checks import MAX_GPUS
 from ..mechanisms import kind
 from ..mechanisms.base import Target
+from ..names import MechanismName
 from ..policy import TaskView
 from ..priority import priority_name
 from .task_counters import TaskCounters
@@ -65,11 +66,16 @@ class Task:
     sleep_ok: bool = False
     #: Also locked in the driver, behind its closed gate (mechanism auto; see backstop.py).
     backstop_locked: bool = False
+    #: Also stopped with signals, behind its closed gate, where there is no lock (apply.py).
+    backstop_signalled: bool = False
     #: Launches its driver-level gates had seen once its gate had held it a moment, this
     #: suspension (backstop.py checks that they stand still); None before.
     hold_baseline: int | None = None
     #: Its GPU work went on while its gate was closed, this suspension (backstop.py).
     hold_leaked: bool = False
+    #: A hold of it was found to leak: its gate's words no longer count (no turns, no sparing
+    #: of the backstop) for as long as it lives (backstop_plan.py).
+    gate_untrusted: bool = False
     #: Unlock right after restoring (the eviction's lock was not how the policy suspended it).
     evict_unlock: bool = False
 
@@ -175,7 +181,7 @@ class Task:
         """Whether, its gate closed, nothing it queued can run on: its driver-level gate sees
         and holds every launch, or (without one) its operator gate's barriers hold its queue;
         and no check found its work going on. Else the driver lock backs its gate up."""
-        if self.hold_leaked or self.driver_gate not in ("on", "none"):
+        if self.gate_untrusted or self.hold_leaked or self.driver_gate not in ("on", "none"):
             return False
         return self.barriers_on or self.driver_gate == "on"
 
@@ -211,9 +217,12 @@ class Task:
 
     @property
     def gated(self) -> bool:
-        """Whether an in-process gate bounds what the task keeps queued."""
-        return kind(self.mechanism).closes_gate and any(
-            c.gate_installed for c in self.controls.values()
+        """Whether an in-process gate bounds what the task keeps queued: its client says so,
+        and no hold of it was found to leak."""
+        return (
+            kind(self.mechanism).closes_gate
+            and not self.gate_untrusted
+            and any(c.gate_installed for c in self.controls.values())
         )
 
     @property
@@ -276,6 +285,7 @@ class Task:
             barriers=self.gated and self.barriers_on,
             hinted=self.hinted,
             idle_s=idle_s,
+            uid=self.uid,
         )
 
     def describe(self, now: float) -> dict[str, Any]:
@@ -307,6 +317,10 @@ class Task:
             "last_suspend_ms": self.counters.last_suspend_ms,
             "last_mechanism": self.suspended_with,
             "backstop_locked": self.backstop_locked,
+            # what backs its gate up now: lock, signal or None
+            "backstop": MechanismName.LOCK
+            if self.backstop_locked
+            else (MechanismName.SIGNAL if self.backstop_signalled else None),
             "uid": self.uid,
             "timeslice_ms": self.identity.timeslice_ms,
             "min_share": self.identity.min_share,
@@ -341,4 +355,6 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         # its callbacks are off (barriers put by its thread)
         "driver_asleep": any(c.stats().driver_asleep for c in task.controls.values()),
         "hold_leaks": task.counters.hold_leaks,
+        # False once a hold leaked: its words no longer count
+        "trusted": not task.gate_untrusted,
     }

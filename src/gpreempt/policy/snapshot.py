@@ -40,6 +40,9 @@ class TaskView:
     hinted: bool = False
     #: Seconds since the task last wanted the GPU (0 while it does; inf if it never did).
     idle_s: float = float("inf")
+    #: The user it runs as: what one user's task says of itself (its gate words) is taken
+    #: on trust only by that user's other tasks (turns among peers; 0 in one process).
+    uid: int = 0
 
 
 @dataclass(frozen=True)

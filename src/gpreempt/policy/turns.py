@@ -19,8 +19,12 @@ shortened the server's wait behind them (first kernel after a 1 ms hint: 0.10-0.
 0.58 ms at P99) and kept the trainers at least as much throughput as side by side (0.44
 against 0.40 in one run; docs/results.md). ``gpreempt serve --turn-ms 0`` turns them off.
 
-Only tasks on one GPU whose gate bounds their queue take turns; a task on several GPUs, or one
-without a gate, runs as plain hpf says. While a more important task is active the whole group
+Only tasks on one GPU whose gate bounds their queue take turns, and only with tasks of their own
+user; a task on several GPUs, or one without a gate, runs as plain hpf says. A peer waits for a
+member's turn on that member's word (its gate words say it waits for the others' turns in
+turn): another user need not take it, so each user's peers take turns among themselves, and
+the daemon takes a member out of its group once one of its waits was found not to hold
+(daemon/hold_check.py). While a more important task is active the whole group
 is suspended anyway; turns then only pass on when they run out, without a pause.
 """
 
@@ -37,7 +41,7 @@ DEFAULT_TURN_MS = 20.0
 #: idleness a grace period after their last GPU work completes).
 IDLE_PASS_S = 0.005
 
-GroupKey = tuple[int, int]  # (gpu, priority)
+GroupKey = tuple[int, int, int]  # (gpu, priority, uid)
 
 
 @dataclass(frozen=True)
@@ -70,14 +74,15 @@ class PeerTurn:
 
 
 def turn_groups(snapshot: Snapshot) -> dict[GroupKey, list[TaskView]]:
-    """(gpu, priority) -> the tasks that take turns there, by task id: gated, on that GPU
-    only, not held, below the most important task on the GPU, and at least two of them."""
+    """(gpu, priority, uid) -> the tasks that take turns there, by task id: gated, on that
+    GPU only, not held, below the most important task on the GPU, of that user, and at least
+    two of them."""
     groups: dict[GroupKey, list[TaskView]] = {}
     for gpu, tasks in snapshot.by_gpu().items():
         top = max(t.priority for t in tasks)
         for task in tasks:
             if task.priority < top and task.gated and not task.held and len(task.gpus) == 1:
-                groups.setdefault((gpu, task.priority), []).append(task)
+                groups.setdefault((gpu, task.priority, task.uid), []).append(task)
     return {
         key: sorted(peers, key=lambda t: t.task_id)
         for key, peers in groups.items()
@@ -95,8 +100,8 @@ def launch_slots(
     for gpu, tasks in snapshot.by_gpu().items():
         top = max(t.priority for t in tasks)
         lower = [t for t in tasks if t.priority < top and not t.held]
-        groups = {t.priority for t in lower if t.task_id in grouped}
-        slots[gpu] = len([t for t in lower if t.task_id not in grouped]) + len(groups)
+        kinds = {(t.priority, t.uid) for t in lower if t.task_id in grouped}
+        slots[gpu] = len([t for t in lower if t.task_id not in grouped]) + len(kinds)
     return slots
 
 
@@ -121,7 +126,7 @@ def take_turns(
     wakes: list[float] = []
     turns: dict[GroupKey, PeerTurn] = {}
     for key, peers in sorted(groups.items()):
-        gpu, priority = key
+        gpu, priority, _uid = key
         preempted = any(t.active and not t.held and t.priority > priority for t in by_gpu[gpu])
         pause_s = settings.budget_ms / 1000 / max(1, slots[gpu])
         turn = _next(peers, previous.get(key), snapshot.now, preempted, settings, pause_s)
