@@ -6,7 +6,8 @@
 // callbacks cost most. One that queues faster than its GPU runs (JAX and CuPy run far ahead)
 // leaves more GPU work between two of them: once a span between two barriers, measured on the
 // GPU, exceeds kAsleepMaxSpanNs, the gate wakes for kBacklogHoldNs and its launches bound the
-// queue again.
+// queue again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
+// milliseconds every half second (discover_streams) to see them.
 //
 // A barrier must never land in a graph being captured: the capture calls keep their callbacks
 // while asleep and count captures under way, a capture start waits for a barrier being put
@@ -101,7 +102,7 @@ void drop_asleep_marks(StreamState& st) {
 
 namespace {
 
-// Stream captures start and end: kept on while asleep .
+// Stream captures start and end: their callbacks stay on while asleep.
 constexpr CUpti_CallbackId kCaptureBegins[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture,
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
