@@ -331,8 +331,9 @@ class Task:
 
 
 def gate_status(task: Task) -> dict[str, Any] | None:
-    """Its gates as ``gpreempt status --json`` shows them (None: it has no channel)."""
-    control = next(iter(task.controls.values()), None)
+    """Its gates as ``gpreempt status --json`` shows them (None: it has no channel): the
+    counters of the block whose gate is installed, where it has several."""
+    control = task.target().control
     if control is None:
         return None
     stats = control.stats()
