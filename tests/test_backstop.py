@@ -284,3 +284,33 @@ def test_a_claim_of_barriers_spares_the_lock_only_before_the_own_user() -> None:
     apply(backstop, 201.0)
     backstop.finish()
     assert driver.calls == [("lock", 4242)]
+
+
+def test_a_task_nvml_sees_on_the_sms_once_held_is_a_leak_and_locked() -> None:
+    import time
+
+    from gpreempt.control_block import ControlBlock
+    from gpreempt.daemon.gpu_busy import GpuBusy
+
+    driver = FakeDriver()
+    daemon, task, _ = setup(driver)
+    block = ControlBlock.create()
+    try:
+        block.set_gate(True)  # closed outright
+        task.controls = {1: block}
+        seen = GpuBusy(clock=time.time)
+        backstop = Backstop(daemon.registry, daemon.events, 50.0, driver=driver, gpu_busy=seen)
+        now = time.monotonic()
+        change_state(task, TaskState.RUNNING, now=now - 5.0)
+        change_state(task, TaskState.SUSPENDED, now=now - 2.0, mechanism="gate")
+        apply(backstop, now)
+        backstop.finish()
+        assert not task.hold_leaked  # NVML saw nothing of it
+        seen.read(SimpleNamespace(sm_busy=lambda gpu, since: {4242: time.time()}), [0], 0.0)
+        apply(backstop, now + 0.1)
+        backstop.finish()
+        assert task.hold_leaked and task.backstop_locked
+        leak = next(r for r in daemon.events.records if "does not hold" in r.get("reason", ""))
+        assert "NVML" in leak["reason"]
+    finally:
+        block.close()

@@ -169,6 +169,22 @@ class Nvml:
             out.append(GpuProcess(pid, process_name(pid), used_value, util))
         return out
 
+    def sm_busy(self, index: int, since: float) -> dict[int, float] | NA:
+        """Process id -> the latest time (unix seconds) after ``since`` at which NVML's
+        samples saw it use the SMs of GPU ``index`` (none sampled: an empty answer)."""
+        handle = self._call("nvmlDeviceGetHandleByIndex", index)
+        if isinstance(handle, NA):
+            return handle
+        samples = self._call("nvmlDeviceGetProcessUtilization", handle, int(since * 1e6))
+        if isinstance(samples, NA):
+            return {} if "not found" in samples.reason.lower() else samples
+        busy: dict[int, float] = {}
+        for sample in samples:
+            if int(sample.smUtil) > 0:
+                pid, at = int(sample.pid), int(sample.timeStamp) / 1e6
+                busy[pid] = max(busy.get(pid, 0.0), at)
+        return busy
+
     def snapshot(self, with_processes: bool = True) -> NvmlSnapshot:
         count = self.device_count()
         if isinstance(count, NA):

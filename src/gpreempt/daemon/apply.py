@@ -24,7 +24,7 @@ from ..mechanisms import MechanismSet, kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
 from .backstop import Backstop
-from .backstop_plan import BackstopPlan, HoldLeak
+from .backstop_plan import GPU_SETTLE_S, BackstopPlan, HoldLeak
 from .event_log import EventLog
 from .identity import GroupCensus, OwnerAuthority
 from .plan import Plan
@@ -337,6 +337,11 @@ class Executor:
 
 def _evidence(leak: HoldLeak) -> str:
     """What gave a leaking hold away, for its event."""
+    if leak.gpu:
+        return (
+            f"NVML saw its processes on the GPU's SMs {GPU_SETTLE_S:g} s or more after its gate "
+            "closed"
+        )
     if leak.ran is None:
         return f"{leak.moved} launches while its gate was closed"
     return (

@@ -50,6 +50,7 @@ from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
 from . import backstop_plan
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
+from .gpu_busy import GpuBusy
 from .hold_meter import HoldMeter
 from .registry import Registry
 from .task import Task
@@ -84,6 +85,7 @@ class Backstop:
         wake_fd: int | None = None,
         signals: bool = False,
         meter: HoldMeter | None = None,
+        gpu_busy: GpuBusy | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -93,6 +95,8 @@ class Backstop:
         self._wake_fd = wake_fd
         self.signals = signals
         self.meter = meter or HoldMeter()
+        #: NVML's samples of the GPUs of tasks held outright (None: not read).
+        self.gpu_busy = gpu_busy
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
@@ -154,14 +158,29 @@ class Backstop:
             lock_failed=task.task_id in self._lock_failed,
             cpu_counted=self.meter.counted(task),
             cpu_window=window,
+            gpu_busy=self._gpu_busy(task),
         )
+
+    def _gpu_busy(self, task: Task) -> bool:
+        """Whether NVML saw ``task``'s processes on the SMs once its gate had held it outright
+        for :data:`~.backstop_plan.GPU_SETTLE_S`."""
+        since = task.preempted_since
+        if self.gpu_busy is None or since is None or not self._must_stand_still(task):
+            return False
+        held_from = time.time() - (time.monotonic() - since)  # daemon time is monotonic
+        pids = self.meter.processes(task)
+        return self.gpu_busy.busy_after(pids, held_from + backstop_plan.GPU_SETTLE_S)
 
     def plan(self, now: float) -> BackstopPlan:
         """What the backstop does now: the holds to check (its meter looks at every task
         first), the tasks to lock or stop with signals."""
         self.meter.look(self.registry.tasks.values(), now)
+        facts = self.facts(self.meter.take_full())
+        if self.gpu_busy is not None:
+            held = [f for f in facts if f.gate_held_since is not None and f.must_stand_still]
+            self.gpu_busy.watch({gpu for f in held for gpu in f.gpus})
         return backstop_plan.plan_backstop(
-            self.facts(self.meter.take_full()),
+            facts,
             now,
             delay_s=self.delay_s,
             lock=self.can_lock,

@@ -5,7 +5,8 @@ gate for the delay is locked in the driver too, unless its gate holds it on the 
 tasks of its own user outrank it there; where there is no lock, signals stop it instead, but
 only below another user's task. A held task must stand still: the launches of a task whose
 gate holds it outright must not move once it has been held a moment, and its processes may not
-keep running on the CPU (:func:`cpu_ran`, over the windows hold_meter.py measures); else its
+keep running on the CPU (:func:`cpu_ran`, over the windows hold_meter.py measures), nor be
+seen on the GPU's SMs by NVML once held :data:`GPU_SETTLE_S` (gpu_busy.py); else its
 hold leaks, its gate's words no longer count, and it is locked (or signalled) at once.
 :func:`plan_backstop` reads :class:`HoldFacts` and returns a frozen :class:`BackstopPlan`; the
 executor (apply.py) carries it out, with backstop.py's lock calls. No I/O, no clock.
@@ -30,6 +31,9 @@ HOLD_WINDOW_S = 0.25
 CPU_LEAK_SHARE = 0.2
 #: CPU time a process may use at the start of each hold, finishing what it was doing (s).
 CPU_GRACE_S = 0.002
+#: After this long held outright, NVML may no longer see its processes on the SMs (s):
+#: what they had queued has long completed (gpu_busy.py).
+GPU_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class HoldFacts:
     cpu_counted: bool = False
     #: Its holding window that filled since the last pass, if one did.
     cpu_window: CpuWindow | None = None
+    #: NVML saw its processes on the SMs :data:`GPU_SETTLE_S` or more after its gate held it
+    #: outright (gpu_busy.py).
+    gpu_busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,8 @@ class HoldLeak:
     locked: bool
     signals: bool = False
     ran: CpuRun | None = None
+    #: NVML saw its processes on the SMs (gpu_busy.py).
+    gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,9 @@ def plan_backstop(
         ran = cpu_ran(task.cpu_window) if task.cpu_window is not None else None
         if ran is not None and not task.hold_leaked and not task.untrusted:
             leaks.append(_leak(task, 0, backup if preempted else None, ran))
+            continue
+        if task.gpu_busy and task.must_stand_still and not (task.hold_leaked or task.untrusted):
+            leaks.append(_leak(task, 0, backup if preempted else None, gpu=True))
             continue
         since = task.gate_held_since
         if not _checked(task) or since is None or now < since + SETTLE_MS / 1e3:
@@ -220,8 +232,17 @@ def _backup(lock: bool, signals: bool) -> str | None:
     return _LOCK if lock else (_SIGNAL if signals else None)
 
 
-def _leak(task: HoldFacts, moved: int, backup: str | None, ran: CpuRun | None = None) -> HoldLeak:
-    return HoldLeak(task.task_id, moved, locked=backup == _LOCK, signals=backup == _SIGNAL, ran=ran)
+def _leak(
+    task: HoldFacts,
+    moved: int,
+    backup: str | None,
+    ran: CpuRun | None = None,
+    *,
+    gpu: bool = False,
+) -> HoldLeak:
+    return HoldLeak(
+        task.task_id, moved, locked=backup == _LOCK, signals=backup == _SIGNAL, ran=ran, gpu=gpu
+    )
 
 
 def _due(task: HoldFacts, leaked: set[int], delay_s: float) -> float:

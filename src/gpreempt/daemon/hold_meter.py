@@ -68,6 +68,10 @@ class HoldMeter:
         #: Windows filled since they were last taken, by task id.
         self._full: dict[int, CpuWindow] = {}
 
+    def processes(self, task: Task) -> list[int]:
+        """The pids of ``task``'s processes that hold its gates."""
+        return self._processes(task)
+
     @staticmethod
     def counted(task: Task) -> bool:
         """Whether ``task``'s CPU time counts as held now: its gate holds it (for anything,

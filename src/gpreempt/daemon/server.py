@@ -40,6 +40,7 @@ from .apply_memory import MemoryExecutor
 from .backstop import DEFAULT_DELAY_MS, Backstop
 from .connections import Connections
 from .event_log import EventLog
+from .gpu_busy import GpuBusy
 from .handlers import Handlers
 from .hold_meter import HoldMeter
 from .identity import GroupCensus, protected_pids
@@ -361,7 +362,7 @@ class Daemon:
 def backstop_for(daemon: Daemon) -> Backstop:
     """The daemon's backstop: the driver lock where this machine has one, else signals that
     its executor sends; its meter reads the CPU time of each task's channel processes (those
-    that hold its gates)."""
+    that hold its gates), and on NVIDIA machines NVML's samples of held tasks' GPUs."""
     return Backstop(
         daemon.registry,
         daemon.events,
@@ -370,6 +371,7 @@ def backstop_for(daemon: Daemon) -> Backstop:
         wake_fd=daemon._wake_w,
         signals=True,
         meter=HoldMeter(partial(channel_pids, daemon.peers)),
+        gpu_busy=GpuBusy() if daemon.mechanisms.lock_unavailable is None else None,
     )
 
 
