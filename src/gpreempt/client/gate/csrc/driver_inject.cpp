@@ -105,6 +105,7 @@ constexpr CUpti_CallbackId kStreamGone[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy,
     CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
 };
+
 // The subscriber and the enabled callbacks. Never destroyed: the gate's thread may still take
 // it while the process exits.
 std::mutex& cupti_mu = *new std::mutex();
@@ -172,15 +173,12 @@ uint32_t subscribe() {
   return kDriverOn;
 }
 
-// Whether the gate may switch its callbacks off: nobody more important on its GPU has been
-// active for a while (the daemon's sleep_ok), its gate is open, no watched task is active, and
-// it needs no launch to tell its own activity (the operator gate or request() does that).
-// A task nothing preempts (not bound) needs its callbacks only to tell its activity, where
-// neither the operator gate nor request() does, and to hold its launches while its own gate is
-// closed or a watched task is active: it sleeps otherwise, since CUPTI's callbacks cost a
-// server every launch. A task that may be preempted needs them for its barriers while a more
-// important task may start: it sleeps once the daemon says none was active for a while
-// (sleep_ok) and no backlog keeps it awake.
+// Whether the gate may switch its callbacks off: never while its gate is closed or a watched
+// task is active. A task nothing preempts (not bound) needs them otherwise only to tell its
+// activity where neither the operator gate nor request() does; it sleeps else, since CUPTI's
+// callbacks cost a server every launch. A task that may be preempted needs them for its
+// barriers while a more important task may start: it sleeps once the daemon says none was
+// active for a while (sleep_ok) and no backlog keeps it awake.
 bool may_sleep(Gate& g, const uint8_t* ctl, int64_t now) {
   const bool needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
                               load32(ctl, kOffHinted) == 0;
