@@ -1,6 +1,7 @@
 """The ``gate`` mechanism, daemon side: close or open a task's in-process launch gate.
 
-Closing is one store into the task's control block; the gate in the task's process sees it
+Closing is one store into each of the task's control blocks (one per process, and a
+driver-level gate's own channel beside a Python client's); the gate in each process sees it
 before its next launch and lets only the bounded work already in flight drain.
 """
 
