@@ -32,8 +32,9 @@ CPU_LEAK_SHARE = 0.2
 #: CPU time a process may use at the start of each hold, finishing what it was doing (s).
 CPU_GRACE_S = 0.002
 #: After this long held outright, NVML may no longer see its processes on the SMs (s):
-#: what they had queued has long completed (gpu_busy.py).
-GPU_SETTLE_S = 1.0
+#: what they had queued has long completed, and no sampling period reaches back before the
+#: hold (gpu_busy.py).
+GPU_SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
