@@ -134,7 +134,6 @@ def _beside_an_idle_server(runtime_dir: Path, progress: Path, kernel_loop: Path,
         runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
         str(kernel_loop), str(progress), mode, "60",
     )  # fmt: skip
-    assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
     return server, trainer
 
 
@@ -144,8 +143,10 @@ def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
     """Once the more important task has been idle for a second, the gate's callbacks go off
     (but for a moment every half second, to see new streams) and its thread puts a stream
     barrier every millisecond."""
-    procs = _beside_an_idle_server(runtime_dir, tmp_path / "progress", kernel_loop, "default")
+    progress = tmp_path / "progress"
+    procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "default")
     try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
         gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
         assert wait_for(lambda: gate()["driver_asleep"], 10), gate()
         first = gate()
@@ -166,6 +167,7 @@ def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "deep")
     try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
         time.sleep(3.0)  # asleep after a second, then woken by the backlog
         assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
         time.sleep(0.1)  # far less than the 0.25 s the program keeps queued
