@@ -464,3 +464,58 @@ def test_status_shows_the_marker(capsys, monkeypatch) -> None:
     print_status({"daemon": daemon, "tasks": [server]})
     out = capsys.readouterr().out
     assert "active/by" in out and "no/asgi" in out
+
+
+# ------------------------------------------------------------------ Hugging Face generate
+
+
+def generation_module() -> types.ModuleType:
+    """A stand-in for ``transformers.generation.utils``: a mixin whose generate logs how many
+    requests are open while it decodes."""
+    module = types.ModuleType("transformers.generation.utils")
+
+    class GenerationMixin:
+        def generate(self, prompt: str, *, fail: bool = False, log: list | None = None) -> str:
+            if log is not None:
+                log.append("decoding")
+            if fail:
+                raise RuntimeError("out of memory")
+            return prompt + "!"
+
+    module.GenerationMixin = GenerationMixin  # type: ignore[attr-defined]
+    return module
+
+
+def test_a_generate_call_is_one_request(fake: FakeSession) -> None:
+    from gpreempt.client.markers import generate
+
+    module = generation_module()
+    generate.patch_generation(module)
+    generate.patch_generation(module)  # armed twice: wrapped once
+    model = module.GenerationMixin()
+    assert model.generate("hi", log=fake.log) == "hi!"
+    assert fake.log == ["enter", "decoding", "exit"]
+    assert fake.control.marker == "generate"
+    with pytest.raises(RuntimeError):
+        model.generate("hi", fail=True)
+    assert fake.open == 0 and fake.log[-1] == "exit"
+    assert module.GenerationMixin.generate.__name__ == "generate"
+
+
+def test_a_low_tasks_generate_calls_are_not_requests(fake: FakeSession) -> None:
+    from gpreempt.client.markers import generate
+
+    fake.priority = -100  # its rollouts do not make it more important than it is
+    module = generation_module()
+    generate.patch_generation(module)
+    assert module.GenerationMixin().generate("hi") == "hi!"
+    assert fake.log == []
+
+
+def test_a_module_without_the_mixin_is_one_line(capsys, monkeypatch) -> None:
+    from gpreempt.client import agent
+
+    monkeypatch.delenv("GPREEMPT_AUTO_REQUESTS", raising=False)
+    agent.on_server_imported(types.ModuleType("transformers.generation.utils"))
+    err = capsys.readouterr().err
+    assert "not marked" in err and err.count("\n") == 1

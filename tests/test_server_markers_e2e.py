@@ -76,6 +76,35 @@ server.wait_for_termination()
 """
 
 
+#: transformers' GenerationMixin as a stand-in: generate(seconds) decodes for that long.
+FAKE_GENERATION = """
+import time
+
+class GenerationMixin:
+    def generate(self, seconds):
+        time.sleep(seconds)
+"""
+
+#: A server that decodes in a loop of its own: one generate call of 1.5 s once told to.
+#: argv: its directory (ready, go and done files), the directory holding the stand-in.
+GENERATE_SERVER = """
+import pathlib, sys, time
+sys.path.insert(0, sys.argv[2])
+from transformers.generation.utils import GenerationMixin
+
+class Model(GenerationMixin):
+    pass
+
+here = pathlib.Path(sys.argv[1])
+(here / "ready").write_text("1")
+while not (here / "go").exists():
+    time.sleep(0.01)
+Model().generate(1.5)
+(here / "done").write_text("1")
+time.sleep(60)
+"""
+
+
 def task_named(runtime_dir: Path, name: str) -> dict | None:
     reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
     return next((t for t in reply["tasks"] if t["name"] == name), None)
@@ -208,5 +237,31 @@ def test_grpc_calls_stop_the_low_task_until_they_end(
         assert wait_for(lambda: counter.progress_over(0.2) > 0, 5), "the low task did not resume"
     finally:
         channel.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+
+
+def test_generate_calls_stop_the_low_task_until_they_return(
+    trainer, runtime_dir: Path, tmp_path: Path
+) -> None:
+    low_pid, counter = trainer
+    generation = tmp_path / "pkg" / "transformers" / "generation"
+    generation.mkdir(parents=True)
+    (generation.parent / "__init__.py").write_text("")
+    (generation / "__init__.py").write_text("")
+    (generation / "utils.py").write_text(FAKE_GENERATION)
+    script = tmp_path / "server.py"
+    script.write_text(GENERATE_SERVER)
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
+        sys.executable, str(script), str(tmp_path), str(tmp_path / "pkg"),
+    )  # fmt: skip
+    try:
+        assert wait_for((tmp_path / "ready").exists, 60), "the server did not start"
+        assert counter.progress_over(0.3) > 0, "an idle server held the low task"
+        (tmp_path / "go").write_text("1")
+        check_held_while(runtime_dir, counter, low_pid, (tmp_path / "done").exists)
+        assert task_named(runtime_dir, "server")["marker"] == "generate"
+    finally:
         server.send_signal(signal.SIGTERM)
         server.wait(10)

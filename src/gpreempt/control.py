@@ -60,7 +60,7 @@ offset  type   meaning
 108     --     (free up to 124)
 124     u32    marker: what marks the process's requests without code (client):
                0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
-               server's); :data:`MARKERS`
+               server's), 3 ``generate`` (Hugging Face generate calls); :data:`MARKERS`
 ======  =====  ==================================================================
 """
 
@@ -100,7 +100,7 @@ DRIVER_STATES = ("none", "on", "unavailable", "released", "failed")
 OFF_MARKER = 124
 
 #: ``marker`` word -> the name ``status`` gives it.
-MARKERS = {1: "asgi", 2: "grpc"}
+MARKERS = {1: "asgi", 2: "grpc", 3: "generate"}
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a

@@ -12,11 +12,15 @@ modules is imported, its hook wraps what that framework calls for each request.
 - :mod:`.grpc_server`: every RPC of a ``grpc.server(...)`` or ``grpc.aio.server(...)``, through
   a server interceptor put first, until its handler returned (unary) or its response stream
   ended.
+- :mod:`.generate`: every call of Hugging Face ``generate`` (``transformers``'
+  ``GenerationMixin``), from its start until it returns: servers that decode in a loop of
+  their own.
 
 A request is marked only in a process whose task preempts others (its launch gate is
 unbounded: ``high`` priority or above, unless ``GPREEMPT_GATE_BOUND`` says otherwise), and not
 at all with ``GPREEMPT_AUTO_REQUESTS=0``. The process's control block then says which framework
-marks its requests (``gpreempt status``: ``asgi``, ``grpc``). Marking a process marks its task:
+marks its requests (``gpreempt status``: ``asgi``, ``grpc``, ``generate``). Marking a process
+marks its task:
 the daemon counts a task active while any of its processes is.
 """
 
@@ -53,6 +57,12 @@ def _grpc_hook(module: ModuleType) -> None:
     grpc_server.patch_grpc(module)
 
 
+def _generate_hook(module: ModuleType) -> None:
+    from . import generate
+
+    generate.patch_generation(module)
+
+
 #: Module whose import arms a framework's hook -> the hook (given the module).
 SERVER_HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "uvicorn.config": _asgi_hook("uvicorn.config"),
@@ -60,6 +70,7 @@ SERVER_HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "starlette.applications": _asgi_hook("starlette.applications"),
     "fastapi.applications": _asgi_hook("fastapi.applications"),
     "grpc": _grpc_hook,
+    "transformers.generation.utils": _generate_hook,
 }
 
 
