@@ -178,8 +178,9 @@ while True:
 """
 
 
-#: A high-priority client that holds one request for 1.5 s once told to, then stays idle.
-#: argv: runtime dir, the file that says go, the file that exists while the request lasts.
+#: A high-priority client that holds one request (for 1.5 s, or argv[4] s) once told to, then
+#: stays idle. argv: runtime dir, the file that says go, the file that exists while the request
+#: lasts.
 HOLDING_SERVER = """
 import sys, time, pathlib
 import gpreempt
@@ -189,10 +190,31 @@ while not go.exists():
     time.sleep(0.01)
 with gpreempt.request():
     inside.touch()
-    time.sleep(1.5)
+    time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 1.5)
 inside.unlink()
-time.sleep(60)
+time.sleep(600)
 """
+
+
+def wait_all_gone(pids: list[int], directory: Path, timeout: float = 15.0) -> None:
+    """Wait until none of ``pids`` is alive and ``directory`` is empty; fail with what is
+    left after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) or list(directory.iterdir()):
+        assert time.monotonic() < deadline, (
+            [p for p in pids if alive(p)],
+            list(directory.iterdir()),
+        )
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 #: A PyTorch loop on CPU tensors (operators the gate sees) that writes its progress to argv[1].

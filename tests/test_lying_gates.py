@@ -19,7 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import Counter, Daemon, gp_env, gpreempt, process_state, wait_for
+from conftest import (
+    HOLDING_SERVER,
+    Counter,
+    Daemon,
+    gp_env,
+    gpreempt,
+    process_state,
+    wait_for,
+)
 from hostile import NOBODY, needs_root
 
 #: A low task that claims a gate (``gate_installed``) and work in flight, then runs a CPU loop
@@ -65,22 +73,6 @@ while True:
         last_write = now
 """
 
-#: A high task that holds one request for argv[4] seconds once told to, then stays idle.
-#: argv: runtime dir, the file that says go, the file that exists while the request lasts.
-SERVER = """
-import sys, time, pathlib
-import gpreempt
-gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
-go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-while not go.exists():
-    time.sleep(0.01)
-with gpreempt.request():
-    inside.touch()
-    time.sleep(float(sys.argv[4]))
-inside.unlink()
-time.sleep(600)
-"""
-
 
 def _python(runtime_dir: Path, script: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
@@ -118,7 +110,7 @@ def test_a_claimed_gate_that_does_not_hold_is_stopped_with_signals(
     daemon = Daemon(runtime_dir, "--no-watch-resume")
     progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
     liar = _python(runtime_dir, _write(tmp_path, "liar.py", LIAR), str(progress))
-    server_script = _write(tmp_path, "server.py", SERVER)
+    server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
     server = _python(runtime_dir, server_script, str(go), str(inside), "4")
     counter = Counter(progress)
     try:
@@ -163,7 +155,7 @@ def test_a_peer_stops_waiting_for_the_turns_of_one_that_runs_through_them(
     daemon = Daemon(runtime_dir)
     progress, report = tmp_path / "progress", tmp_path / "report"
     go, inside = tmp_path / "go", tmp_path / "inside"
-    server_script = _write(tmp_path, "server.py", SERVER)
+    server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
     server = _python(runtime_dir, server_script, str(go), str(inside), "1")  # idle
     honest = _python(runtime_dir, _write(tmp_path, "honest.py", HONEST), str(report))
     liar = _python(runtime_dir, _write(tmp_path, "liar.py", LIAR), str(progress))
@@ -189,7 +181,7 @@ def test_two_honest_peers_keep_taking_turns(runtime_dir: Path, tmp_path: Path) -
     daemon = Daemon(runtime_dir)
     first, second = tmp_path / "first", tmp_path / "second"
     go, inside = tmp_path / "go", tmp_path / "inside"
-    server_script = _write(tmp_path, "server.py", SERVER)
+    server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
     server = _python(runtime_dir, server_script, str(go), str(inside), "1")
     honest_script = _write(tmp_path, "honest.py", HONEST)
     one = _python(runtime_dir, honest_script, str(first))
@@ -244,7 +236,7 @@ def test_a_claim_of_barriers_below_another_users_task_is_stopped_with_signals(
     os.chmod(shared, 0o777)
     progress, go, inside = shared / "progress", tmp_path / "go", tmp_path / "inside"
     liar = _liar_as(NOBODY, runtime_dir, progress)
-    server_script = _write(tmp_path, "server.py", SERVER)
+    server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
     server = _python(runtime_dir, server_script, str(go), str(inside), "3")
     counter = Counter(progress)
     try:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gp_env, gpreempt
+from conftest import gp_env, gpreempt, wait_all_gone
 
 from gpreempt.cli import selftest as selftest_module
 from gpreempt.cli._selftest_probe import JOB, Workspace, stop_process
@@ -152,14 +152,6 @@ def test_every_row_fits_80_columns_with_its_drain(capsys, monkeypatch) -> None:
     assert all(name in out for name in ROW_NAMES)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_selftest_leaves_nothing_behind(tmp_path, how) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="gpst-", dir="/tmp"))  # short: a socket lies in it
@@ -179,11 +171,5 @@ def test_a_killed_selftest_leaves_nothing_behind(tmp_path, how) -> None:
         time.sleep(0.05)
     os.kill(test.pid, how)
     test.wait(30)
-    deadline = time.monotonic() + 15
-    while any(_alive(p) for p in pids) or list(scratch.iterdir()):
-        assert time.monotonic() < deadline, (
-            [p for p in pids if _alive(p)],
-            list(scratch.iterdir()),
-        )
-        time.sleep(0.1)
+    wait_all_gone(pids, scratch)
     scratch.rmdir()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gp_env
+from conftest import alive, gp_env, wait_all_gone
 
 from gpreempt.cli._selftest_probe import Workspace, die_with_parent, stop_process
 from gpreempt.cli._selftest_server import SERVER_NAME, Server
@@ -64,14 +64,6 @@ def _tasks(runtime: Path) -> dict[str, dict]:
         return {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def test_the_server_gives_the_job_a_share_and_goes_when_stopped() -> None:
     workspace = Workspace()
     runtime = workspace.path / "run"
@@ -89,7 +81,7 @@ def test_the_server_gives_the_job_a_share_and_goes_when_stopped() -> None:
     try:
         assert _line(job) == "None"  # alone on its GPU: no share, no barriers
         server = Server(runtime, workspace, _env(runtime, "server"))
-        assert server.error == "" and _alive(server.pid)
+        assert server.error == "" and alive(server.pid)
         listed = _tasks(runtime)[SERVER_NAME]
         assert listed["priority_name"] == "high" and listed["pid"] == server.pid
         assert listed["gpus"] == _tasks(runtime)["job"]["gpus"] == list(parse_gpus(None))
@@ -98,7 +90,7 @@ def test_the_server_gives_the_job_a_share_and_goes_when_stopped() -> None:
         server.stop()
         assert _line(job) == "None"  # the share goes with the server
         assert SERVER_NAME not in _tasks(runtime)
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
     finally:
         if server is not None:
             server.stop()
@@ -142,11 +134,5 @@ def test_the_server_is_gone_when_the_selftest_ends(tmp_path, how) -> None:
         os.kill(test.pid, how)
         test.communicate(timeout=30)
     assert len(pids) == 5  # the daemon, the job, the server and their launchers
-    deadline = time.monotonic() + 15
-    while any(_alive(p) for p in pids) or list(scratch.iterdir()):
-        assert time.monotonic() < deadline, (
-            [p for p in pids if _alive(p)],
-            list(scratch.iterdir()),
-        )
-        time.sleep(0.1)
+    wait_all_gone(pids, scratch)
     scratch.rmdir()

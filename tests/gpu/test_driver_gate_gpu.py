@@ -64,17 +64,24 @@ def _held_and_resumed(runtime_dir: Path, progress: Path, command: list[str]) -> 
         moving = _progress(progress)
         time.sleep(0.3)
         assert _progress(progress) > moving, "the program makes no progress before the hold"
-        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
-        time.sleep(0.5)  # what was queued behind the last barrier may finish
-        held_from = _progress(progress)
-        time.sleep(1.5)
-        held_to = _progress(progress)
-        task = _task(runtime_dir, "trainer")
-        assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
-        return {"held_from": held_from, "held_to": held_to, "task": task}
+        # what was queued behind the last barrier may finish
+        return _hold(runtime_dir, progress, settle_s=0.5, still_s=1.5)
     finally:
         stop_all(proc)
+
+
+def _hold(runtime_dir: Path, progress: Path, settle_s: float, still_s: float) -> dict:
+    """Hold the trainer by hand; its progress from ``settle_s`` after the hold to ``still_s``
+    later, and its task then; it must go on once resumed."""
+    assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
+    time.sleep(settle_s)
+    held_from = _progress(progress)
+    time.sleep(still_s)
+    held_to = _progress(progress)
+    task = _task(runtime_dir, "trainer")
+    assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
+    assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
+    return {"held_from": held_from, "held_to": held_to, "task": task}
 
 
 def _assert_held(result: dict) -> None:
@@ -169,15 +176,10 @@ def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
     try:
         assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
         time.sleep(3.0)  # asleep after a second, then woken by the backlog
-        assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
-        time.sleep(0.1)  # far less than the 0.25 s the program keeps queued
-        held_from = _progress(progress)
-        time.sleep(1.0)
-        held_to = _progress(progress)
-        task = _task(runtime_dir, "trainer")
-        assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
-        assert held_to == held_from, (held_from, held_to, task)
+        # far less than the 0.25 s the program keeps queued
+        result = _hold(runtime_dir, progress, settle_s=0.1, still_s=1.0)
+        task = result["task"]
+        assert result["held_to"] == result["held_from"], result
         assert task["gate"]["driver_barriers"] > 0, task
         assert task["gate"]["hold_leaks"] == 0, task
     finally:
