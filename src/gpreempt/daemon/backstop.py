@@ -127,11 +127,13 @@ class Backstop:
         """Every task as the backstop's rules read it (backstop_plan.py); ``full``: the
         holding windows the meter filled, by task id."""
         windows = full or {}
+        to_unix = time.time() - time.monotonic()  # daemon time is monotonic
         return tuple(
-            self._facts(task, windows.get(task.task_id)) for task in self.registry.tasks.values()
+            self._facts(task, windows.get(task.task_id), to_unix)
+            for task in self.registry.tasks.values()
         )
 
-    def _facts(self, task: Task, window: CpuWindow | None) -> HoldFacts:
+    def _facts(self, task: Task, window: CpuWindow | None, to_unix: float) -> HoldFacts:
         """``task`` as the rules read it, with what this backstop tried on it."""
         gate_holds = task.suspended and kind(task.suspended_with).in_process
         return HoldFacts(
@@ -158,18 +160,17 @@ class Backstop:
             lock_failed=task.task_id in self._lock_failed,
             cpu_counted=self.meter.counted(task),
             cpu_window=window,
-            gpu_busy=self._gpu_busy(task),
+            gpu_busy=self._gpu_busy(task, to_unix),
         )
 
-    def _gpu_busy(self, task: Task) -> bool:
+    def _gpu_busy(self, task: Task, to_unix: float) -> bool:
         """Whether NVML saw ``task``'s processes on the SMs once its gate had held it outright
-        for :data:`~.backstop_plan.GPU_SETTLE_S`."""
+        for :data:`~.backstop_plan.GPU_SETTLE_S` (``to_unix``: unix time less daemon time)."""
         since = task.preempted_since
         if self.gpu_busy is None or since is None or not self._must_stand_still(task):
             return False
-        held_from = time.time() - (time.monotonic() - since)  # daemon time is monotonic
-        pids = self.meter.processes(task)
-        return self.gpu_busy.busy_after(pids, held_from + backstop_plan.GPU_SETTLE_S)
+        settled = to_unix + since + backstop_plan.GPU_SETTLE_S
+        return self.gpu_busy.busy_after(self.meter.processes(task), settled)
 
     def plan(self, now: float) -> BackstopPlan:
         """What the backstop does now: the holds to check (its meter looks at every task

@@ -12,6 +12,8 @@
 // A barrier must never land in a graph being captured: the capture calls keep their callbacks
 // while asleep and count captures under way, a capture start waits for a barrier being put
 // (the gate's mutex), and no barrier is put while one is under way.
+#include <array>
+
 #include "driver_gate.h"
 
 namespace gpreempt_driver {
@@ -116,14 +118,23 @@ constexpr CUpti_CallbackId kCaptureEnds[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
 };
 
-template <size_t N>
-bool listed(const CUpti_CallbackId (&ids)[N], CUpti_CallbackId cbid) {
-  for (CUpti_CallbackId id : ids) {
-    if (id == cbid) {
-      return true;
+enum class Capture { kNone, kBegins, kEnds };
+
+// Which capture call `cbid` is, from a table made once from the lists above: every launch's
+// callback asks.
+Capture capture_call(CUpti_CallbackId cbid) {
+  using Table = std::array<Capture, CUPTI_DRIVER_TRACE_CBID_SIZE>;
+  static const Table table = [] {
+    Table t{};
+    for (CUpti_CallbackId id : kCaptureBegins) {
+      t[id] = Capture::kBegins;
     }
-  }
-  return false;
+    for (CUpti_CallbackId id : kCaptureEnds) {
+      t[id] = Capture::kEnds;
+    }
+    return t;
+  }();
+  return cbid < table.size() ? table[cbid] : Capture::kNone;
 }
 
 void capture_begins(Gate& g) {
@@ -152,19 +163,21 @@ bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber) {
 }
 
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
-  if (listed(kCaptureBegins, cbid)) {
-    if (data->callbackSite == CUPTI_API_ENTER) {
-      capture_begins(g);
-    } else if (*static_cast<const CUresult*>(data->functionReturnValue) != CUDA_SUCCESS) {
-      capture_ends(g);  // it did not begin
-    }
-    return true;
-  }
-  if (listed(kCaptureEnds, cbid)) {
-    if (data->callbackSite == CUPTI_API_EXIT) {
-      capture_ends(g);
-    }
-    return true;
+  switch (capture_call(cbid)) {
+    case Capture::kBegins:
+      if (data->callbackSite == CUPTI_API_ENTER) {
+        capture_begins(g);
+      } else if (*static_cast<const CUresult*>(data->functionReturnValue) != CUDA_SUCCESS) {
+        capture_ends(g);  // it did not begin
+      }
+      return true;
+    case Capture::kEnds:
+      if (data->callbackSite == CUPTI_API_EXIT) {
+        capture_ends(g);
+      }
+      return true;
+    case Capture::kNone:
+      break;
   }
   return false;
 }
