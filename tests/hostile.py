@@ -80,6 +80,13 @@ def sleepers(count: int, **popen: object) -> Iterator[list[subprocess.Popen]]:
             proc.wait()
 
 
+def become(uid: int) -> None:
+    """In a forked child of root: become ``uid`` (its own group, no other)."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 def as_user(uid: int, work: Callable[[], str]) -> str:
     """Run ``work`` in a forked child that became ``uid``; its result (or its error)."""
     read_end, write_end = os.pipe()
@@ -87,9 +94,7 @@ def as_user(uid: int, work: Callable[[], str]) -> str:
     if pid == 0:
         os.close(read_end)
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            become(uid)
             outcome = work()
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             outcome = f"error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"

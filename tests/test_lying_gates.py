@@ -28,7 +28,7 @@ from conftest import (
     process_state,
     wait_for,
 )
-from hostile import NOBODY, needs_root
+from hostile import NOBODY, become, needs_root
 
 #: A low task that claims a gate (``gate_installed``) and work in flight, then runs a CPU loop
 #: that never reads its gate word. argv: runtime dir, progress file.
@@ -209,9 +209,7 @@ def _liar_as(uid: int, runtime_dir: Path, progress: Path) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            become(uid)
             task = gpreempt.attach("low", name="liar", gate=False, runtime_dir=str(runtime_dir))
             task.control.set_barriers_on(True)
             i = 0
