@@ -118,3 +118,33 @@ def test_an_unbound_gate_sleeps_once_its_process_uses_request_and_uninstall_rest
     control.set_sleep_ok(False)
     assert _until(lambda: not again.stats()["asleep"], 0.5)
     assert _launches_seen(again, torch.ones(4)) >= 20
+
+
+def test_a_bound_gate_stands_aside_while_the_driver_level_gate_holds_its_block(control):
+    """The driver-level gate sees every launch of the process and puts the barriers: the
+    operator hook of a bound gate would only add its cost. It is back once the driver-level
+    gate lets go (a profiler took CUPTI), even without the daemon's leave to sleep."""
+    from gpreempt.control import DRIVER_STATES, OFF_DRIVER_GATE
+
+    gate = install_gate(control, resolve_config(bound=True, auto_activity=False))
+    x = torch.ones(4)
+    control._set32(OFF_DRIVER_GATE, DRIVER_STATES.index("on"))
+    control.set_gate(True)  # the driver-level gate waits at each launch: this one need not
+    assert _until(lambda: gate.stats()["asleep"])
+    assert _launches_seen(gate, x) == 0
+    control.set_gate(False)
+    control._set32(OFF_DRIVER_GATE, DRIVER_STATES.index("released"))
+    assert _until(lambda: not gate.stats()["asleep"], 0.5)
+    assert _launches_seen(gate, x) >= 20
+
+
+def test_an_unbound_gate_keeps_its_hook_beside_the_driver_level_gate(control):
+    """A server's operator hook tells its activity (the driver-level gate leaves that to it)."""
+    from gpreempt.control import DRIVER_STATES, OFF_DRIVER_GATE
+
+    gate = install_gate(control, resolve_config(bound=False, auto_activity=True))
+    control._set32(OFF_DRIVER_GATE, DRIVER_STATES.index("on"))
+    control.set_sleep_ok(True)
+    time.sleep(0.05)
+    assert not gate.stats()["asleep"]
+    assert _launches_seen(gate, torch.ones(4)) >= 20

@@ -18,11 +18,12 @@
 # serves GPT-2 over HTTP instead; needs fastapi, uvicorn and, for generate, transformers).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
-# and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs 400 requests). Each cell's results.json goes to
-# $OUT/<cell>/ (table.py prints it); a table is printed. Each cell's Case-B gate counters go to
-# $OUT/<cell>/gate_counters.json.
+# and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
+# GENERATE_REQUESTS requests, default 400, the other servers cells SERVER_REQUESTS, default
+# 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py prints it); a table is
+# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json.
 set -u
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 : "${OUT:?set OUT to an output directory}"
 : "${REPEATS:=3}"
@@ -101,17 +102,18 @@ for group in "$@"; do
     servers)
       python3 -c "import fastapi, uvicorn, transformers" 2>/dev/null \
         || echo "servers: pip install fastapi uvicorn transformers first"
-      cell servers-eager 570 --repeats "$REPEATS" --case-a eager --case-b transformer-sync \
-        --scenarios gpreempt,gpreempt-no-request
-      GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 --repeats "$REPEATS" \
-        --requests 400 --case-a-fn gpreempt.bench.servers:gpt2_generate \
-        --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request
+      cell servers-eager 570 --repeats "$REPEATS" --requests "${SERVER_REQUESTS:-1000}" \
+        --case-a eager --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request
       for marking in http http_unmarked http_by_hand; do
         GPREEMPT_BENCH_HTTP_FN=${HTTP_FN:-gpreempt.bench.servers:resnet_eager} \
           cell "servers-${marking//_/-}" 720 --repeats "$REPEATS" \
-          --case-a-fn "gpreempt.bench.servers:$marking" --case-b transformer-sync \
+          --requests "${SERVER_REQUESTS:-1000}" --case-a-fn "gpreempt.bench.servers:$marking" \
+          --case-b transformer-sync \
           --scenarios gpreempt-no-request
-      done ;;
+      done
+      GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 --repeats "$REPEATS" \
+        --requests "${GENERATE_REQUESTS:-400}" --case-a-fn gpreempt.bench.servers:gpt2_generate \
+        --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request ;;
     *) echo "unknown group $group"; exit 2 ;;
   esac
 done

@@ -9,7 +9,10 @@ while the others wait idle), in rounds whose order is shuffled:
   after a second;
 * ``awake``: the same under a daemon that never lets a gate sleep (``--sleep-after-s 0``): its
   gates stay awake and put their stream barriers, as beside a server that is busy but not
-  running at this instant.
+  running at this instant;
+* ``awake:NAME=VALUE`` (``--awake-variant NAME=VALUE``, repeatable): ``awake`` with that
+  variable set for the trainer, to tell which part of the gate costs what (for example
+  ``GPREEMPT_DRIVER_GATE=0``: the operator gate alone).
 
 Each turn runs training steps for ``--turn-s`` seconds, then waits for the GPU to finish what
 they queued; the ratio of a configuration is its steps per second over ``ungated``'s in the
@@ -99,17 +102,22 @@ def _lines(path: Path) -> list[dict]:
         return []
 
 
-def measure_kind(kind: str, rounds: int, turn_s: float, work: Path) -> list[dict]:
+def measure_kind(
+    kind: str, rounds: int, turn_s: float, work: Path, variants: tuple[str, ...] = ()
+) -> list[dict]:
     """Every turn of ``kind`` under each configuration, interleaved."""
     gp = [sys.executable, "-m", "gpreempt"]
     env = _clean_env()
     procs: list[subprocess.Popen] = []
     turn = work / f"{kind}.turn"
     turn.write_text("")
-    outs = {c: work / f"{kind}.{c}.jsonl" for c in CONFIGS}
+    configs = (*CONFIGS, *(f"awake:{v}" for v in variants))
+    ids = {c: f"c{i}" for i, c in enumerate(configs)}  # turn words name no variable
+    outs = {c: work / f"{kind}.{ids[c]}.jsonl" for c in configs}
+    gated = [("defaults", None), ("awake", "0"), *((f"awake:{v}", "0") for v in variants)]
     try:
-        for config, sleep_after in (("defaults", None), ("awake", "0")):
-            runtime = work / f"rt-{kind}-{config}"
+        for i, (config, sleep_after) in enumerate(gated):
+            runtime = work / f"rt-{kind}-{i}"
             runtime.mkdir(mode=0o700)
             serve = [*gp, "serve", "--runtime-dir", str(runtime)]
             serve += ["--sleep-after-s", sleep_after] if sleep_after else []
@@ -121,9 +129,11 @@ def measure_kind(kind: str, rounds: int, turn_s: float, work: Path) -> list[dict
             procs.append(
                 subprocess.Popen([*run, "--priority", "high", "--", "sleep", "100000"], env=env)
             )
-            child = [sys.executable, "-c", CHILD, kind, str(turn), config, str(outs[config])]
-            procs.append(subprocess.Popen([*run, "--priority", "low", "--", *child], env=env))
-        child = [sys.executable, "-c", CHILD, kind, str(turn), "ungated", str(outs["ungated"])]
+            child = [sys.executable, "-c", CHILD, kind, str(turn), ids[config], str(outs[config])]
+            name, _, value = config.partition(":")[2].partition("=")
+            child_env = {**env, name: value} if name else env
+            procs.append(subprocess.Popen([*run, "--priority", "low", "--", *child], env=child_env))
+        child = [sys.executable, "-c", CHILD, kind, str(turn), ids["ungated"], str(outs["ungated"])]
         procs.append(subprocess.Popen(child, env=env))
         deadline = time.monotonic() + 300
         while not all(p.exists() for p in outs.values()):
@@ -133,11 +143,11 @@ def measure_kind(kind: str, rounds: int, turn_s: float, work: Path) -> list[dict
         time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
         turns = []
         for r in range(rounds):
-            order = list(CONFIGS)
+            order = list(configs)
             random.shuffle(order)
             for config in order:
                 key = f"{r}:{turn_s}"
-                turn.write_text(f"{config}:{key}")
+                turn.write_text(f"{ids[config]}:{key}")
                 deadline = time.monotonic() + turn_s * 10 + 60
                 while not any(x["turn"] == key for x in _lines(outs[config])):
                     if time.monotonic() > deadline:
@@ -146,7 +156,7 @@ def measure_kind(kind: str, rounds: int, turn_s: float, work: Path) -> list[dict
                 turn.write_text("")
                 time.sleep(0.3)  # the next one starts from an idle GPU
             print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        for config in CONFIGS:
+        for config in configs:
             for x in _lines(outs[config]):
                 turns.append({"kind": kind, "config": config, **x})
         return turns
@@ -178,20 +188,34 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--turn-s", type=float, default=2.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--awake-variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also measure awake with this variable set for the trainer (repeatable)",
+    )
     args = parser.parse_args()
+    variants = tuple(args.awake_variant)
+    for v in variants:
+        if "=" not in v or not v.split("=", 1)[0]:
+            parser.error(f"--awake-variant wants NAME=VALUE, not {v!r}")
     turns: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="gpreempt-overhead-") as tmp:
         for kind in args.kinds.split(","):
             try:
-                turns += measure_kind(kind, args.rounds, args.turn_s, Path(tmp))
+                turns += measure_kind(kind, args.rounds, args.turn_s, Path(tmp), variants)
             except RuntimeError as exc:
                 print(f"overhead: {exc}", file=sys.stderr)
     Path(args.out).write_text(
-        json.dumps({"rounds": args.rounds, "turn_s": args.turn_s, "turns": turns}, indent=1)
+        json.dumps(
+            {"rounds": args.rounds, "turn_s": args.turn_s, "variants": variants, "turns": turns},
+            indent=1,
+        )
     )
     print(f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds")
     for kind in args.kinds.split(","):
-        for config in CONFIGS[1:]:
+        for config in (*CONFIGS[1:], *(f"awake:{v}" for v in variants)):
             r = ratios(turns, kind, config)
             if r:
                 print(

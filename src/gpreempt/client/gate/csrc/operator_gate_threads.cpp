@@ -115,7 +115,21 @@ constexpr double kAsleepDrainSpans = 50.0;
 // themselves, since a request more likely arrives during a long one), so its gate wakes and
 // stays awake backlog_hold_s, its operators bounding the queue again.
 // Without barriers, what the process queues while asleep is not bounded.
+//
+// A bound gate whose control block the driver-level gate holds (driver.py: it sees every launch
+// of the process, this gate's operators' among them, waits while the gate is closed, and puts
+// the stream barriers, awake and asleep) stands aside: its callback would add its cost to every
+// operator for nothing. It comes back the moment the driver-level gate lets go (a profiler took
+// CUPTI), or while a graph is captured or an in-process scheduler binds threads.
+bool driver_holds(GateState* g) {
+  return g->cfg.bound && load32(g->ctl, kOffDriverGate) == kDriverOn;
+}
+
 bool may_sleep(GateState* g) {
+  if (driver_holds(g)) {
+    return g->captures.load(std::memory_order_relaxed) == 0 &&
+           !g_task_gates.load(std::memory_order_relaxed);
+  }
   // a gate that detects its process's activity for others keeps its hook, unless the process
   // says when it is active with request() (hinted): then its launches no longer count
   const bool activity_unneeded =
@@ -239,7 +253,7 @@ void sleep_loop(GateState* g, at::CallbackHandle handle) {
       break;
     }
     bool can = may_sleep(g);
-    if (asleep && can) {
+    if (asleep && can && !driver_holds(g)) {
       const int64_t now = now_ns();
       if (!asleep_barrier(g, now, device_set)) {
         g->backlog_wakes.fetch_add(1);
