@@ -1,0 +1,57 @@
+"""benchmarks/driver_gate/held_progress.py: a trainer's steps that completed while the server
+was active, and the service of requests that queued, from one bench run folder."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "driver_gate" / "held_progress.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("held_progress", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(folder: Path, *, leak: bool) -> None:
+    """Two requests, the second queued behind the first while the server stays active from
+    t=10.000 to t=10.020; a trainer step of 1 ms, which (leak) goes on completing inside."""
+    server = {"start": [10.000, 10.008], "end": [10.008, 10.020], "scheduled": [10.0, 10.001]}
+    steps = [9.990 + 0.001 * i for i in range(10)] + [10.0205 + 0.001 * i for i in range(5)]
+    if leak:
+        steps += [10.005, 10.012]
+    events = [
+        {"t": 10.0, "task": "case-a", "event": "active"},
+        {"t": 10.0001, "task": "case-b-0", "event": "suspend"},
+        {"t": 10.020, "task": "case-a", "event": "idle"},
+    ]
+    folder.mkdir(parents=True)
+    (folder / "case-a.json").write_text(json.dumps(server))
+    (folder / "case-b-0.json").write_text(json.dumps({"step_end_t": sorted(steps)}))
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    (folder / "events.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_steps_completed_well_into_an_active_period_are_counted(tmp_path: Path, leak: bool):
+    _run(tmp_path / "run", leak=leak)
+    r = _load().summary(tmp_path / "run")
+    assert r["steps_in_active"] == (2 if leak else 0)
+    assert r["steps_past_one_step"] == (2 if leak else 0)
+    queued = r["queued_service_ms"]["stayed active"]
+    assert queued["n"] == 1 and queued["p50"] == pytest.approx(12.0)
+
+
+def test_a_folder_without_the_run_files_gets_one_line(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _load().main([str(tmp_path)])
+    assert "has no case-a.json" in str(exit_info.value)
