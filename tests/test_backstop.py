@@ -185,6 +185,7 @@ class _Block:
         self.barriers_on = barriers_on
         self.driver_launches = 1000
         self.gate_word = 1  # closed outright
+        self.barrier_leaks = 0
 
 
 def test_a_task_whose_driver_gate_holds_is_not_locked() -> None:
@@ -314,3 +315,23 @@ def test_a_task_nvml_sees_on_the_sms_once_held_is_a_leak_and_locked() -> None:
         assert "NVML" in leak["reason"]
     finally:
         block.close()
+
+
+def test_a_task_whose_gpu_work_passed_its_barriers_is_a_leak_and_locked() -> None:
+    # the driver-level gate counts a barrier passed while a watched task stayed active
+    # (driver_verify.cpp): its barriers do not hold, and its gate is trusted no more
+    driver = FakeDriver()
+    daemon, task, backstop = setup(driver)
+    block = _Block("on", barriers_on=True)
+    block.gate_word = 2  # closed only while its watched tasks are active
+    task.controls[1] = block
+    _server(daemon, uid=task.uid)
+    apply(backstop, 200.0)
+    backstop.finish()
+    assert driver.calls == [] and not task.hold_leaked
+    block.barrier_leaks = 1
+    apply(backstop, 200.1)
+    backstop.finish()
+    assert task.hold_leaked and task.gate_untrusted and driver.calls == [("lock", 4242)]
+    leak = next(r for r in daemon.events.records if "does not hold" in r.get("reason", ""))
+    assert "stream barriers" in leak["reason"]

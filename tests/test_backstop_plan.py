@@ -89,3 +89,15 @@ def test_checks_come_back_every_period_once_counted() -> None:
     assert next_due([counted], 100.0, delay_s=0.05, lock=True) == pytest.approx(100.2)
     based = dataclasses.replace(counted, hold_baseline=10)
     assert next_due([based], 100.3, delay_s=0.05, lock=True) == pytest.approx(100.4)
+
+
+def test_work_past_the_barriers_is_a_leak_backed_up_at_once_and_reported_once() -> None:
+    passed = facts(held_on_gpu=True, must_stand_still=False, barrier_leaked=True)
+    plan = plan_backstop([passed], 100.01, delay_s=10.0, lock=True)
+    assert plan.leaks == (HoldLeak(1, 0, locked=True, barrier=True),) and plan.locks == (1,)
+    idle = dataclasses.replace(passed, gate_held_since=None)  # found while not preempted
+    assert plan_backstop([idle], 100.01, delay_s=10.0, lock=True).leaks == (
+        HoldLeak(1, 0, locked=False, barrier=True),
+    )
+    reported = dataclasses.replace(passed, untrusted=True)
+    assert plan_backstop([reported], 100.01, delay_s=10.0, lock=True).leaks == ()

@@ -67,3 +67,15 @@ def test_status_shows_a_multi_gpu_job_under_each_of_its_gpus_as_one_task(
     assert out.count("ddp (GPUs 0,1; 3 processes)") == 2  # under GPU 0 and under GPU 1
     assert "GPU 0" in out and "GPU 1" in out
     assert "srv (" not in out  # one process on one GPU: nothing to add
+
+
+def test_a_task_whose_suspension_did_not_hold_gets_a_line_saying_so(capsys, monkeypatch) -> None:
+    from gpreempt.cli.status import print_status
+
+    monkeypatch.setenv("COLUMNS", "200")
+    held = _task(name="ok", gate={"trusted": True, "hold_leaks": 0, "barrier_leaks": 0})
+    leaking = _task(pid=6, name="jax", gate={"trusted": False, "hold_leaks": 1, "barrier_leaks": 3})
+    print_status({"daemon": DAEMON, "tasks": [held, leaking]})
+    out = capsys.readouterr().out
+    assert "not held: jax (pid 6)" in out and "3 time(s)" in out
+    assert "not held: ok" not in out

@@ -48,3 +48,23 @@ def test_a_watch_view_is_read_only_and_follows_the_activity_rule() -> None:
     finally:
         os.close(fd)
         block.close()
+
+
+def test_each_rise_of_the_activity_words_bumps_the_epoch_and_nothing_else_does() -> None:
+    block = ControlBlock.create()
+    try:
+        assert block.activity_epoch == 0 and block.barrier_leaks == 0
+        block.set_requests(1)
+        block.set_requests(2)  # still raised: the same epoch
+        assert block.activity_epoch == 1
+        block.set_requests(0)
+        block.set_auto_active(True)
+        block.set_auto_active(True)
+        assert block.activity_epoch == 2
+        block.set_auto_active(False)
+        block.clear_activity()
+        assert block.activity_epoch == 2
+        block.set_requests(1)
+        assert block.activity_epoch == 3
+    finally:
+        block.close()

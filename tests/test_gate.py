@@ -238,11 +238,13 @@ def test_auto_activity_publishes_transitions(control, impl):
     torch.ones(4) * 2
     assert control.stats().auto_active
     assert _doorbell_rings(control, 1.0)
+    assert control.activity_epoch == 1  # each rise bumps it: watchers tell a drop between looks
     # keep launching: it stays active
     for _ in range(5):
         torch.ones(4) * 2
         time.sleep(0.005)
     assert control.stats().auto_active
+    assert control.activity_epoch == 1
     # idle: drops after the grace time and rings again
     deadline = time.monotonic() + 3.0
     while control.stats().auto_active and time.monotonic() < deadline:
@@ -252,6 +254,7 @@ def test_auto_activity_publishes_transitions(control, impl):
     torch.ones(4) * 2
     assert control.stats().auto_active
     assert gate.stats()["activations"] == 2
+    assert control.activity_epoch == 2
     gate.uninstall()
     assert not control.stats().auto_active
 

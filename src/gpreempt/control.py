@@ -57,7 +57,12 @@ offset  type   meaning
 88      u64    driver_wait_ns: nanoseconds they were held (client)
 96      u64    driver_barriers: stream barriers it put (client)
 104     u32    driver_streams: streams it follows (client)
-108     --     (free up to 124)
+108     u32    activity_epoch: bumped each time ``requests`` or ``auto_active`` rises from 0
+               (client): a gate that saw a watched task active twice with one epoch knows
+               it stayed active in between
+112     u32    barrier_leaks: times the driver-level gate saw its GPU work pass a stream
+               barrier while a watched task stayed active (client)
+116     --     (free up to 124)
 124     u32    marker: what marks the process's requests without code (client):
                0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
                server's), 3 ``generate`` (Hugging Face generate calls); :data:`MARKERS`
@@ -92,6 +97,8 @@ OFF_DRIVER_WAITS = 80
 OFF_DRIVER_WAIT_NS = 88
 OFF_DRIVER_BARRIERS = 96
 OFF_DRIVER_STREAMS = 104
+OFF_ACTIVITY_EPOCH = 108
+OFF_BARRIER_LEAKS = 112
 
 #: ``driver_gate`` values.
 DRIVER_NONE, DRIVER_ON, DRIVER_UNAVAILABLE, DRIVER_RELEASED, DRIVER_FAILED = range(5)

@@ -33,7 +33,9 @@ from . import futex
 from .control import (
     DRIVER_STATES,
     MARKERS,
+    OFF_ACTIVITY_EPOCH,
     OFF_AUTO_ACTIVE,
+    OFF_BARRIER_LEAKS,
     OFF_BARRIERS_ON,
     OFF_DRIVER_ASLEEP,
     OFF_DRIVER_BARRIERS,
@@ -288,13 +290,32 @@ class ControlBlock:
         """Publish the number of open request() scopes and ring the doorbell (client)."""
         if count:
             self._set32(OFF_HINTED, 1)
-        self._set32(OFF_REQUESTS, count)
+        self._set_activity_word(OFF_REQUESTS, count)
         self.ring()
 
     def set_auto_active(self, active: bool) -> None:
         """Publish auto-detected activity and ring the doorbell (client)."""
-        self._set32(OFF_AUTO_ACTIVE, 1 if active else 0)
+        self._set_activity_word(OFF_AUTO_ACTIVE, 1 if active else 0)
         self.ring()
+
+    def _set_activity_word(self, offset: int, value: int) -> None:
+        """Write a word of the activity pair; a rise from 0 bumps the activity epoch first
+        (``control.py``: how gates tell a task that stayed active from one that dropped and
+        rose again between two looks). The C++ gates do the same (``gate_words.h``)."""
+        if value and not self._get32(offset):
+            self._set32(OFF_ACTIVITY_EPOCH, (self._get32(OFF_ACTIVITY_EPOCH) + 1) & 0xFFFFFFFF)
+        self._set32(offset, value)
+
+    @property
+    def activity_epoch(self) -> int:
+        """How many times the requests or auto_active word rose from 0."""
+        return self._get32(OFF_ACTIVITY_EPOCH)
+
+    @property
+    def barrier_leaks(self) -> int:
+        """Times the driver-level gate saw its GPU work pass a stream barrier while a task it
+        watches stayed active: its barriers do not hold."""
+        return self._get32(OFF_BARRIER_LEAKS)
 
     def set_barriers_on(self, on: bool) -> None:
         """Say that stream barriers, with no launch gate, hold this process's queued work

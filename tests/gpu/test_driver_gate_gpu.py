@@ -184,3 +184,47 @@ def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
         assert task["gate"]["hold_leaks"] == 0, task
     finally:
         stop_all(*reversed(procs))
+
+
+SERVER_REQUEST = """
+import pathlib, sys, time
+import gpreempt
+go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+while not go.exists():
+    time.sleep(0.005)
+with gpreempt.request():
+    time.sleep(seconds)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("framework", ["cupy", "jax"])
+def test_work_beside_torch_stands_still_while_a_server_request_is_open(
+    daemon, runtime_dir, tmp_path, framework
+):
+    """No hold by hand: a more important task opens a request, and the trainer's stream
+    barriers must hold its GPU work until it ends. Its driver-level gate checks on the GPU
+    that they do (barrier_leaks: work that passed a barrier whose task stayed active)."""
+    pytest.importorskip("torch")
+    pytest.importorskip(framework)
+    progress, go = tmp_path / "progress", tmp_path / "go"
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
+        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
+    )  # fmt: skip
+    command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), framework, "90"]
+    trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
+    try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
+        go.write_text("1")
+        time.sleep(0.3)  # what ran past the last barrier completes
+        held_from = _progress(progress)
+        time.sleep(1.2)
+        held_to = _progress(progress)
+        gate = _task(runtime_dir, "trainer")["gate"]
+        assert held_to == held_from, (held_from, held_to, gate)
+        assert gate["barrier_leaks"] == 0 and gate["hold_leaks"] == 0, gate
+        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+    finally:
+        stop_all(trainer, server)

@@ -112,7 +112,7 @@ def print_status(reply: dict[str, Any], console: Any = None) -> None:
                 ]
             )
         console.print(fit_table(columns, rows, console.width, title=f"GPU {gpu}", gap=1))
-    for line in unprotected_lines(tasks) + never_active_lines(tasks):
+    for line in unprotected_lines(tasks) + leak_lines(tasks) + never_active_lines(tasks):
         console.print(line)
 
 
@@ -161,6 +161,33 @@ def unprotected_lines(tasks: list[dict[str, Any]]) -> list[str]:
         for t in tasks
         if t.get("state") == "unprotected"
     ]
+
+
+def leak_lines(tasks: list[dict[str, Any]]) -> list[str]:
+    """One line (rich markup) per task whose suspension was found not to hold: its gate's
+    words no longer count, and the driver lock or signals back it up."""
+    from rich.markup import escape
+
+    lines = []
+    for task in tasks:
+        gate = task.get("gate") or {}
+        if gate.get("trusted", True) and not gate.get("barrier_leaks"):
+            continue
+        found = []
+        if gate.get("hold_leaks"):
+            found.append(f"{gate['hold_leaks']} suspension(s) did not hold")
+        if gate.get("barrier_leaks"):
+            found.append(
+                f"its GPU work passed its stream barriers {gate['barrier_leaks']} time(s) while "
+                "a more important task stayed active"
+            )
+        lines.append(
+            f"[bold red]not held[/]: {escape(task['name'])} (pid {task['pid']}): "
+            + ("; ".join(found) or "its gate was found not to hold")
+            + "; its gate is trusted no more: the driver lock or signals back it up "
+            "(`gpreempt events`)"
+        )
+    return lines
 
 
 def never_active(task: dict[str, Any]) -> bool:

@@ -337,6 +337,11 @@ class Executor:
 
 def _evidence(leak: HoldLeak) -> str:
     """What gave a leaking hold away, for its event."""
+    if leak.barrier:
+        return (
+            "its GPU work passed its stream barriers while a more important task stayed active "
+            "(its driver-level gate's count)"
+        )
     if leak.gpu:
         return (
             f"NVML saw its processes on the GPU's SMs {GPU_SETTLE_S:g} s or more after its gate "

@@ -161,6 +161,7 @@ class Backstop:
             cpu_counted=self.meter.counted(task),
             cpu_window=window,
             gpu_busy=self._gpu_busy(task, to_unix),
+            barrier_leaked=any(c.barrier_leaks for c in task.controls.values()),
         )
 
     def _gpu_busy(self, task: Task, to_unix: float) -> bool:

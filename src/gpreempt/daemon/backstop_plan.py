@@ -6,8 +6,10 @@ tasks of its own user outrank it there; where there is no lock, signals stop it 
 only below another user's task. A held task must stand still: the launches of a task whose
 gate holds it outright must not move once it has been held a moment, and its processes may not
 keep running on the CPU (:func:`cpu_ran`, over the windows hold_meter.py measures), nor be
-seen on the GPU's SMs by NVML once held :data:`GPU_SETTLE_S` (gpu_busy.py); else its
-hold leaks, its gate's words no longer count, and it is locked (or signalled) at once.
+seen on the GPU's SMs by NVML once held :data:`GPU_SETTLE_S` (gpu_busy.py), and the GPU may
+not run a task's work past its stream barriers while a task it watches stays active (its
+driver-level gate's count); else its hold leaks, its gate's words no longer count, and it is
+locked (or signalled) at once.
 :func:`plan_backstop` reads :class:`HoldFacts` and returns a frozen :class:`BackstopPlan`; the
 executor (apply.py) carries it out, with backstop.py's lock calls. No I/O, no clock.
 """
@@ -105,6 +107,9 @@ class HoldFacts:
     #: NVML saw its processes on the SMs :data:`GPU_SETTLE_S` or more after its gate held it
     #: outright (gpu_busy.py).
     gpu_busy: bool = False
+    #: Its driver-level gates saw its GPU work pass a stream barrier while a task they watch
+    #: stayed active (driver_verify.cpp): its barriers do not hold.
+    barrier_leaked: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class HoldLeak:
     ran: CpuRun | None = None
     #: NVML saw its processes on the SMs (gpu_busy.py).
     gpu: bool = False
+    #: Its GPU work passed its stream barriers while a task it watches stayed active.
+    barrier: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,9 @@ def plan_backstop(
             continue
         if task.gpu_busy and task.must_stand_still and not (task.hold_leaked or task.untrusted):
             leaks.append(_leak(task, 0, backup if preempted else None, gpu=True))
+            continue
+        if task.barrier_leaked and not (task.hold_leaked or task.untrusted):
+            leaks.append(_leak(task, 0, backup if preempted else None, barrier=True))
             continue
         since = task.gate_held_since
         if not _checked(task) or since is None or now < since + SETTLE_MS / 1e3:
@@ -240,9 +250,16 @@ def _leak(
     ran: CpuRun | None = None,
     *,
     gpu: bool = False,
+    barrier: bool = False,
 ) -> HoldLeak:
     return HoldLeak(
-        task.task_id, moved, locked=backup == _LOCK, signals=backup == _SIGNAL, ran=ran, gpu=gpu
+        task.task_id,
+        moved,
+        locked=backup == _LOCK,
+        signals=backup == _SIGNAL,
+        ran=ran,
+        gpu=gpu,
+        barrier=barrier,
     )
 
 

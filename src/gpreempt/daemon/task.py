@@ -355,6 +355,8 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         "driver_waits": sum(c.stats().driver_waits for c in task.controls.values()),
         # its callbacks are off (barriers put by its thread)
         "driver_asleep": any(c.stats().driver_asleep for c in task.controls.values()),
+        # its GPU work passed a stream barrier while a task it watches stayed active
+        "barrier_leaks": sum(c.barrier_leaks for c in task.controls.values()),
         "hold_leaks": task.counters.hold_leaks,
         # False once a hold leaked: its words no longer count
         "trusted": not task.gate_untrusted,

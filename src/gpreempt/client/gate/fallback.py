@@ -20,7 +20,6 @@ from typing import Any
 
 from ... import futex
 from ...control import (
-    OFF_AUTO_ACTIVE,
     OFF_GATE_CLOSED,
     OFF_GATE_INSTALLED,
     OFF_GENERATION,
@@ -49,7 +48,6 @@ class ControlWords:
         base = control.address
         self.closed = ctypes.c_uint32.from_address(base + OFF_GATE_CLOSED)
         self.generation = ctypes.c_uint32.from_address(base + OFF_GENERATION)
-        self.auto_active = ctypes.c_uint32.from_address(base + OFF_AUTO_ACTIVE)
         self.launches = ctypes.c_uint64.from_address(base + OFF_LAUNCHES)
         self.waits = ctypes.c_uint64.from_address(base + OFF_WAITS)
         self.wait_ns = ctypes.c_uint64.from_address(base + OFF_WAIT_NS)
@@ -241,8 +239,7 @@ class PythonGate:
 
     # -- activity ------------------------------------------------------------------------
     def _publish(self) -> None:
-        self._ctl.auto_active.value = 1 if self._active else 0
-        self._control.ring()
+        self._control.set_auto_active(self._active)
 
     def _mark_active(self) -> None:
         with self._lock:

@@ -29,6 +29,8 @@ constexpr size_t kOffDriverWaits = 80;      // u64, client
 constexpr size_t kOffDriverWaitNs = 88;     // u64, client
 constexpr size_t kOffDriverBarriers = 96;   // u64, client
 constexpr size_t kOffDriverStreams = 104;   // u32, client
+constexpr size_t kOffActivityEpoch = 108;   // u32, client (bumped when activity rises)
+constexpr size_t kOffBarrierLeaks = 112;    // u32, client (driver-level gate)
 constexpr size_t kOffMarker = 124;          // u32, client (what marks its requests)
 
 // gate_closed of a plain closed gate (odd); 2V: closed only while watch list V is active.

@@ -24,6 +24,7 @@
 #include <cupti.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -69,7 +70,19 @@ struct Mark {
   CUevent event = nullptr;
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
+  uint64_t seq = 0;           // its stream's count of marks before it
 };
+
+// The last wait of a mark's barrier, for the check that barriers hold (driver_verify.cpp):
+// the GPU passes the barrier when it passes that wait. Null list: no barrier.
+struct BarrierNote {
+  const WatchList* list = nullptr;  // the watch list the barrier waited on
+  uint8_t block = 0;                // the block of its last wait, in that list
+  bool active_word = false;         // that wait was on auto_active (else requests)
+};
+// Marks remembered per stream for that check (a mark retired before it is checked keeps its
+// note until kNotes more marks were put).
+constexpr size_t kNotes = 256;
 
 struct StreamState {
   CUcontext context = nullptr;
@@ -79,6 +92,10 @@ struct StreamState {
   bool dirty = false;          // launched since its last event (activity)
   std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
   std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
+  uint64_t next_seq = 0;            // the seq of its next mark
+  std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
+  uint64_t verified_from = 0;       // its first mark not yet complete at the last check
+  uint64_t verified_round = 0;      // that check's look (driver_verify.cpp)
 };
 
 struct Gate {
@@ -192,9 +209,12 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 bool capturing(CUstream stream);
 // Marks `stream` after a launch (mu held): a barrier where one holds, an event, the window.
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
+// Appends mark `m` to the stream's marks, numbered, with its barrier's note (mu held).
+void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 // The barrier on `stream` (mu held): waits on the GPU for this gate's word and the watched
-// tasks' activity words. False where it could not be put.
-bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream);
+// tasks' activity words; `note` (if given) says what its last wait is. False where it could
+// not be put.
+bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
 CUevent take_event(Gate& g);
 void give_event(Gate& g, CUevent e);
 void forget_stream(CUstream stream);
@@ -213,6 +233,12 @@ void drop_asleep_marks(StreamState& st);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);
+
+// driver_verify.cpp
+// Called by the background thread while the gate is awake: counts in barrier_leaks each look
+// that finds this process's GPU work past a barrier whose last wait's word stayed raised.
+// `on`: false while it is asleep or holds no barriers (the check starts afresh after).
+void verify_barriers(Gate& g, bool on);
 
 // driver_channel.cpp
 // A control block and a channel of the gate's own, for a process that has no Python client;

@@ -132,7 +132,7 @@ void before_launch(CUpti_CallbackId /*cbid*/, const CUpti_CallbackData* /*data*/
   if (g.cfg.auto_activity && !g.cfg.torch_gate) {
     g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
     if (g.active.exchange(1) == 0) {
-      store32(ctl, kOffAutoActive, 1);
+      set_activity_word(ctl, kOffAutoActive, 1);
       ring(g);
     }
   }

@@ -201,7 +201,8 @@ void background() {
       g.background_busy.store(false);
       return;  // the driver is being torn down: no more calls into it
     }
-    if (ctl != nullptr && state.load() == kDriverOn) {
+    const bool on = ctl != nullptr && state.load() == kDriverOn;
+    if (on) {
       discover_streams(g, now);
       const bool sleepy = may_sleep(g, ctl, now);
       if (sleepy != asleep.load()) {
@@ -216,6 +217,7 @@ void background() {
         asleep_barriers(g, now);
       }
     }
+    verify_barriers(g, on && !asleep.load());
     g.background_busy.store(false);
     timespec pause{0, asleep.load() ? 200000 : 250000};
     nanosleep(&pause, nullptr);

@@ -56,7 +56,7 @@ CUdeviceptr device_word(Gate& g, const uint8_t* word, bool read_only) {
 
 // Waits on the GPU, on `stream`, for this gate's word and the watched tasks' activity words:
 // the GPU stops this task's queued work there the moment one says so.
-bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream) {
+bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   const WatchList* list = g.watch.load(std::memory_order_acquire);
   const CUdeviceptr own = device_word(g, ctl + kOffGateClosed, false);
   if (own == 0) {
@@ -65,18 +65,30 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream) {
   CUresult r = list != nullptr && list->version != 0
                    ? cu()->cuStreamWaitValue32(stream, own, ~kClosed, CU_STREAM_WAIT_VALUE_NOR)
                    : cu()->cuStreamWaitValue32(stream, own, 0, CU_STREAM_WAIT_VALUE_EQ);
+  BarrierNote last;
   for (size_t i = 0; r == CUDA_SUCCESS && list != nullptr && i < list->n; ++i) {
     const uint8_t* b = list->blocks[i];
     const CUdeviceptr requests = device_word(g, b + kOffRequests, true);
     r = requests == 0 ? CUDA_ERROR_UNKNOWN
                       : cu()->cuStreamWaitValue32(stream, requests, 0, CU_STREAM_WAIT_VALUE_EQ);
+    last = BarrierNote{list, static_cast<uint8_t>(i), false};
     if (r == CUDA_SUCCESS && load32(b, kOffHinted) == 0) {
       const CUdeviceptr active = device_word(g, b + kOffAutoActive, true);
       r = active == 0 ? CUDA_ERROR_UNKNOWN
                       : cu()->cuStreamWaitValue32(stream, active, 0, CU_STREAM_WAIT_VALUE_EQ);
+      last.active_word = true;
     }
   }
+  if (note != nullptr) {
+    *note = r == CUDA_SUCCESS ? last : BarrierNote{};
+  }
   return r == CUDA_SUCCESS;
+}
+
+void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
+  m.seq = st.next_seq++;
+  st.notes[m.seq % kNotes] = note;
+  st.marks.push_back(m);
 }
 
 namespace {
@@ -116,8 +128,9 @@ double in_flight_ns(const StreamState& st) {
 
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed;
+  BarrierNote note;
   if (barriers_hold(g, ctl)) {
-    if (put_barrier(g, ctl, stream)) {
+    if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
     } else {
       g.barriers_ok.store(false);
@@ -132,7 +145,7 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   m.event = e;
   m.launches = st.since_mark;
   m.gpu_was_busy = !st.marks.empty() && cu()->cuEventQuery(st.marks.back().event) != CUDA_SUCCESS;
-  st.marks.push_back(m);
+  push_mark(st, m, note);
   st.since_mark = 0;
   reap(g, st);
   while (st.ns_per_launch > 0 && st.marks.size() > 1 &&
@@ -179,7 +192,7 @@ void check_idle(Gate& g, int64_t now) {
       // an event behind the stream's last launch tells when its work completed
       CUevent e = take_event(g);
       if (e != nullptr && cu()->cuEventRecord(e, stream) == CUDA_SUCCESS) {
-        st.marks.push_back(Mark{e, st.since_mark, false});
+        push_mark(st, Mark{e, st.since_mark, false}, BarrierNote{});
         st.since_mark = 0;
       } else {
         give_event(g, e);
@@ -194,11 +207,11 @@ void check_idle(Gate& g, int64_t now) {
   if (!done || g.active.exchange(0) == 0) {
     return;
   }
-  store32(ctl, kOffAutoActive, 0);
+  set_activity_word(ctl, kOffAutoActive, 0);
   if (g.last_launch_ns.load(std::memory_order_acquire) > now) {
     // a launch came in meanwhile, and saw the gate still active: it stays active
     g.active.store(1);
-    store32(ctl, kOffAutoActive, 1);
+    set_activity_word(ctl, kOffAutoActive, 1);
   }
   ring(g);
 }

@@ -27,6 +27,17 @@ inline void add64(uint8_t* base, size_t off, uint64_t v) {
   __atomic_fetch_add(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);
 }
 
+// Writes `v` to a word of the activity pair (requests, auto_active). A rise from 0 bumps the
+// activity epoch first, so that a gate that read the word raised at two moments with one
+// epoch knows it stayed raised in between (driver_verify.cpp).
+inline void set_activity_word(uint8_t* base, size_t off, uint32_t v) {
+  if (v != 0 && load32(base, off) == 0) {
+    __atomic_fetch_add(reinterpret_cast<uint32_t*>(base + kOffActivityEpoch), 1u,
+                       __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base + off), v, __ATOMIC_RELEASE);
+}
+
 inline int64_t now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -65,6 +65,7 @@ using namespace gpreempt_layout;
 using gpreempt_words::closed_while_watched;
 using gpreempt_words::kMaxWatched;
 using gpreempt_words::load32;
+using gpreempt_words::set_activity_word;
 using gpreempt_words::store32;
 using gpreempt_words::watched_active;
 using gpreempt_words::WatchList;

@@ -17,7 +17,7 @@ void ring(GateState* g) {
 // Writes the activity flag as it is now; whoever changed it last publishes last.
 void publish_activity(GateState* g) {
   std::lock_guard<std::mutex> lock(g->publish_mu);
-  store32(g->ctl, kOffAutoActive, g->active.load());
+  set_activity_word(g->ctl, kOffAutoActive, g->active.load());
   ring(g);
 }
 
