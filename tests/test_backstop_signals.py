@@ -59,6 +59,7 @@ class Block:
         self.barriers_on = barriers_on
         self.gate_installed = True
         self.driver_launches = 1000
+        self.barrier_leaks = 0
         self.gate_word = 1  # closed outright
         self.hinted = False
 

@@ -49,7 +49,8 @@ offset  type   meaning
                leaves the task alone (client)
 64      u32    driver_gate: the driver-level gate (CUPTI) of the process: 0 none,
                1 on (sees and holds every launch), 2 unavailable (CUPTI's
-               subscriber was taken), 3 released to a profiler, 4 failed (client)
+               subscriber was taken), 3 released to a profiler, 4 failed (CUPTI could
+               not be set up, or a stream barrier could not be put) (client)
 68      u32    driver_asleep: 1 while the driver-level gate's callbacks are off
                (client)
 72      u64    driver_launches: launches the driver-level gate saw (client)

@@ -41,6 +41,6 @@ constexpr uint32_t kDriverNone = 0;         // not loaded (yet)
 constexpr uint32_t kDriverOn = 1;           // sees and holds every launch
 constexpr uint32_t kDriverUnavailable = 2;  // CUPTI's subscriber is taken (a profiler or tool)
 constexpr uint32_t kDriverReleased = 3;     // handed to a profiler started in the process
-constexpr uint32_t kDriverFailed = 4;       // CUPTI could not be set up
+constexpr uint32_t kDriverFailed = 4;       // CUPTI could not be set up, or a barrier failed
 
 }  // namespace gpreempt_layout

@@ -132,8 +132,10 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   if (barriers_hold(g, ctl)) {
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
-    } else {
-      g.barriers_ok.store(false);
+    } else if (g.barriers_ok.exchange(false)) {
+      // it cannot hold what the process queued: the daemon backs it up, and PyTorch's
+      // operator gate no longer stands aside
+      publish_state(kDriverFailed);
     }
   }
   CUevent e = take_event(g);

@@ -91,12 +91,13 @@ void verify_barriers(Gate& g, bool on) {
   std::lock_guard<std::mutex> lock(g.mu);
   // the marks first: which completed since the last look (their barriers passed meanwhile)
   bool leaked = false;
-  std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, its first pending mark)
+  static std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, first pending mark)
+  passed.clear();
   for (auto& [stream, st] : g.streams) {
     const CurrentContext current(st.context);
     uint64_t pending = st.next_seq;
     for (const Mark& m : st.marks) {
-      if (cu()->cuEventQuery(m.event) == CUDA_ERROR_NOT_READY) {
+      if (cu()->cuEventQuery(m.event) != CUDA_SUCCESS) {  // an error proves nothing: pending
         pending = m.seq;
         break;
       }

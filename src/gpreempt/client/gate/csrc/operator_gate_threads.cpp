@@ -120,7 +120,7 @@ constexpr double kAsleepDrainSpans = 50.0;
 // of the process, this gate's operators' among them, waits while the gate is closed, and puts
 // the stream barriers, awake and asleep) stands aside: its callback would add its cost to every
 // operator for nothing. It comes back the moment the driver-level gate lets go (a profiler took
-// CUPTI), or while a graph is captured or an in-process scheduler binds threads.
+// CUPTI) or fails, and while a graph is captured or an in-process scheduler binds threads.
 bool driver_holds(GateState* g) {
   return g->cfg.bound && load32(g->ctl, kOffDriverGate) == kDriverOn;
 }
