@@ -5,9 +5,13 @@
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
 # its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
-# trainer, cpp_trainer.cu, built with nvcc). REPEATS (default 3) repeats; REQUESTS (default
-# 1000) requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
-# (benchmarks/defaults/table.py prints it); a line per cell is printed.
+# trainer, cpp_trainer.cu, built with nvcc), jax-grace (jax-torch without request(), the
+# server's idle grace set to each of GRACES ms, default "0 0.2 1": does a grace that bridges the
+# gaps between queued requests hold the trainer?). REPEATS (default 3) repeats; REQUESTS
+# (default 1000) requests of Case-A per scenario. Each cell's results.json goes to
+# $OUT/<cell>/ (benchmarks/defaults/table.py prints it), with each gated run's per-request data
+# and events gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is
+# printed, and what held_progress.py reads of each run.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -27,6 +31,14 @@ cell() {  # name, bench options...
   mkdir -p "$OUT/$name"
   cp "$work/$name/results.json" "$OUT/$name/" 2>/dev/null || tail -5 "$work/$name.log"
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
+  for run in "$work/$name"/runs/r*/gpreempt*; do
+    [ -f "$run/case-a.json" ] || continue
+    keep="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
+    mkdir -p "$keep"
+    for f in case-a.json case-b-0.json events.jsonl; do gzip -c "$run/$f" > "$keep/$f.gz"; done
+    echo "  $(basename "$keep"): $(python3 benchmarks/driver_gate/held_progress.py "$keep" |
+      sed -n 2p)"
+  done
   echo "  leaks found: $(cat $(find "$work/$name" -name events.jsonl) 2>/dev/null |
     grep -c 'does not hold'), backstop locks: $(cat $(find "$work/$name" -name events.jsonl) \
     2>/dev/null | grep -c '"backstop"')"
@@ -39,6 +51,10 @@ for group in "$@"; do
         --launches 20000 --out "$OUT/launch_cost.json" ;;
     cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;
     compiled) cell compiled --case-b transformer-compiled ;;
+    jax-grace) for grace in ${GRACES:-0 0.2 1}; do
+        cell "jax-torch-grace-$grace" --case-b jax-torch --scenarios gpreempt-no-request \
+          --env-a "GPREEMPT_IDLE_GRACE_MS=$grace"
+      done ;;
     cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
       cell cpp --case-b-cmd "$work/cpp_trainer" ;;
     *) echo "unknown group $group" ;;
