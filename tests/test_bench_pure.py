@@ -143,6 +143,25 @@ def test_scenario_metrics_against_references():
     assert seq["system_throughput"] == 1.0 and seq["b_kept"] == 0.0 and seq["valid"]
 
 
+def test_steps_that_complete_well_into_case_as_activity_are_counted_late():
+    due = [0.0, 0.1, 0.2, 0.3]
+    active = [
+        {"t": 0.10, "task": "case-a", "event": "active"},
+        {"t": 0.20, "task": "case-a", "event": "idle"},
+        {"t": 0.25, "task": "case-a", "event": "active"},  # open until the log ends
+    ]
+    assert daemon_events.active_periods(active, "case-a", 0.30) == [(0.10, 0.20), (0.25, 0.30)]
+    # a step every 10 ms: held while Case-A is active, it may finish the one under way (0.105)
+    held = [0.05 + i * 0.01 for i in range(6)] + [0.205, 0.215, 0.225, 0.235, 0.245, 0.255]
+    leaking = [*held, 0.15, 0.165, 0.28]
+    metrics = {}
+    for name, steps in (("held", held), ("leaking", leaking)):
+        raw = _raw("gpreempt", due, [t + 0.004 for t in due], steps=[sorted(steps)], events=active)
+        metrics[name] = scenario_metrics.scenario_metrics(raw, None, None)["b_late_steps"]
+    assert metrics == {"held": 0, "leaking": 3}
+    assert daemon_events.late_steps([0.15], [(0.10, 0.20)], 0.01) == [pytest.approx(0.05)]
+
+
 def test_service_time_leaves_the_queue_out_and_can_keep_only_idle_arrivals():
     # request 1 arrives at 0.000, starts at once, ends at 0.010; request 2 arrives at 0.005,
     # while 1 runs, so it starts at 0.010; request 3 arrives at 0.050, to an idle server

@@ -70,10 +70,16 @@ def rows(folder: Path) -> list[str]:
             if row.get("a_busy") is not None
             else ""
         )
+        # steps Case-B completed well into Case-A's activity (scenario_metrics.b_late_steps)
+        late = (
+            f" B late steps {_span(row, 'b_late_steps')}"
+            if row.get("b_late_steps") is not None
+            else ""
+        )
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
             f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
-            f"B kept {_span(row, 'b_kept'):20s}{busy}{valid}"
+            f"B kept {_span(row, 'b_kept'):20s}{busy}{late}{valid}"
         )
     return lines
 

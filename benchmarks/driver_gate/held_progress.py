@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpreempt.bench import daemon_events
+
 
 def _read(folder: Path, name: str) -> Any:
     plain, packed = folder / name, folder / f"{name}.gz"
@@ -39,20 +41,6 @@ def _read(folder: Path, name: str) -> Any:
     return json.loads(text)
 
 
-def active_periods(events: list[dict], task: str = "case-a") -> list[tuple[float, float]]:
-    """(start, end) of each period the daemon saw ``task`` active."""
-    periods, since = [], None
-    for e in events:
-        if e.get("task") != task:
-            continue
-        if e["event"] == "active" and since is None:
-            since = e["t"]
-        elif e["event"] == "idle" and since is not None:
-            periods.append((since, e["t"]))
-            since = None
-    return periods
-
-
 def _q(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -61,18 +49,13 @@ def _q(values: list[float], q: float) -> float:
 def summary(folder: Path) -> dict[str, Any]:
     """The figures printed by :func:`main`, as a dict."""
     server, trainer = _read(folder, "case-a.json"), _read(folder, "case-b-0.json")
-    periods = active_periods(_read(folder, "events.jsonl"))
     begin, end = server["start"][0], server["end"][-1]
-    starts = [p[0] for p in periods]
+    periods = daemon_events.active_periods(_read(folder, "events.jsonl"), "case-a", end)
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
-    step_ms = statistics.median(gaps) * 1e3 if gaps else float("nan")
+    step_s = statistics.median(gaps) if gaps else float("nan")
     ends = [t for t in every if begin <= t <= end]
-    into = []
-    for t in ends:
-        i = bisect.bisect_right(starts, t) - 1
-        if i >= 0 and t <= periods[i][1]:
-            into.append((t - periods[i][0]) * 1e3)
+    inside = daemon_events.late_steps(ends, periods, 0.0)  # every step inside a period
     active_s = sum(min(b, end) - max(a, begin) for a, b in periods if b > begin and a < end)
     idle_ends = [p[1] for p in periods]
     split: dict[str, list[float]] = {"stayed active": [], "went idle between": []}
@@ -86,9 +69,9 @@ def summary(folder: Path) -> dict[str, Any]:
     return {
         "active_share": active_s / (end - begin),
         "steps": len(ends),
-        "step_ms": step_ms,
-        "steps_in_active": len(into),
-        "steps_past_one_step": sum(x > 1.5 * step_ms for x in into),
+        "step_ms": step_s * 1e3,
+        "steps_in_active": len(inside),
+        "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
         "queued_service_ms": {
             k: {"n": len(v), "p50": _q(v, 0.5), "p90": _q(v, 0.9)} for k, v in split.items()
         },

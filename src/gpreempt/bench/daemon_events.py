@@ -6,6 +6,7 @@ names what happened, ``latency_ms`` on a ``suspend`` is how long the mechanism's
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -90,3 +91,37 @@ def suspended_fraction(periods: Sequence[tuple[float, float]], start: float, end
         return 0.0
     covered = sum(max(0.0, min(b, end) - max(a, start)) for a, b in periods)
     return covered / (end - start)
+
+
+def active_periods(events: Sequence[Event], task: str, end: float) -> list[tuple[float, float]]:
+    """The (start, stop) unix times the daemon saw ``task`` active, from its ``active`` to its
+    ``idle`` event; a period still open at the end of the log closes at ``end``."""
+    periods: list[tuple[float, float]] = []
+    since: float | None = None
+    for event in sorted(events, key=lambda e: e.get("t", 0.0)):
+        if event.get("task") != task or not isinstance(event.get("t"), (int, float)):
+            continue
+        if event.get("event") == "active" and since is None:
+            since = float(event["t"])
+        elif event.get("event") == "idle" and since is not None:
+            periods.append((since, float(event["t"])))
+            since = None
+    if since is not None:
+        periods.append((since, max(since, end)))
+    return periods
+
+
+def late_steps(
+    step_ends: Sequence[float], periods: Sequence[tuple[float, float]], step_s: float
+) -> list[float]:
+    """How far (s) into one of ``periods`` each step that completed more than 1.5 step times
+    (``step_s``) after the period began did so. A trainer held while the period lasts may only
+    finish the step it was running when it began: a later one ran while it should have been
+    held, or the period's task dropped its activity for moments its events do not show."""
+    starts = [p[0] for p in periods]
+    late = []
+    for t in step_ends:
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t <= periods[i][1] and t - periods[i][0] > 1.5 * step_s:
+            late.append(t - periods[i][0])
+    return late

@@ -14,6 +14,9 @@
   a_busy), what Case-B got of the time Case-A left. A server whose service time drifts away
   from its calibration (an eager one) runs at another load than asked, and b_kept moves with it.
 - ``preempt_latency_ms``: the daemon's ``suspend`` events' ``latency_ms``, p50/p99/max.
+- ``b_late_steps``: Case-B steps that completed well into one of Case-A's active periods (the
+  daemon's ``active``/``idle`` events), more than 1.5 step times after it began: a held trainer
+  may only finish the step it was running (:func:`b_late_steps`).
 - ``gpreempt-scheduler`` (no daemon): ``b_suspended_fraction`` from the scheduler's own
   accounting of Case-B's suspended time (Case-A is active only inside its window).
 - memory scenarios: ``a_oom`` (Case-A did not get its growth), ``a_growth_request_ms`` (the
@@ -160,6 +163,7 @@ def scenario_metrics(
             fractions = [daemon_events.suspended_fraction(p, *raw.window) for p in periods.values()]
             row["b_suspended_fraction"] = sum(fractions) / len(fractions) if fractions else 0.0
         row["suspensions"] = sum(1 for e in events if e.get("event") == "suspend")
+        row["b_late_steps"] = b_late_steps(raw)
     else:
         row["preempt_latency_ms"] = None
     if raw.name in MEMORY_SCENARIOS:
@@ -167,6 +171,25 @@ def scenario_metrics(
         row["a_p99_ratio"] = None  # an eager Case-A against the graph-replayed reference
     row["gpu_util"] = raw.gpu
     return row
+
+
+def b_late_steps(raw: RawScenario) -> int | None:
+    """Case-B steps, over its processes, that completed more than 1.5 of their process's median
+    step time into one of Case-A's active periods (daemon_events.late_steps): work that ran
+    while it should have been held, or while Case-A's activity dropped for moments its events
+    do not show. None without a window or trainers."""
+    if raw.window is None or not raw.trains:
+        return None
+    begin, end = raw.window
+    periods = daemon_events.active_periods(raw.events, "case-a", end)
+    late = 0
+    for train in raw.trains:
+        ends = sorted(train.get("step_end_t") or [])
+        gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        if gaps:
+            inside = [t for t in ends if begin <= t <= end]
+            late += len(daemon_events.late_steps(inside, periods, stats.percentile(gaps, 50)))
+    return late
 
 
 def _moves(events: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
