@@ -23,21 +23,11 @@ namespace {
 // Retires the stream's completed asleep marks; a span the GPU ran through without idling (the
 // first mark still pending when the second was put) longer than kAsleepMaxSpanNs wakes the gate.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
-  while (st.asleep_marks.size() > 1) {
-    Mark& first = st.asleep_marks[0];
-    Mark& second = st.asleep_marks[1];
-    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
-      return;
-    }
-    float ms = 0.0f;
-    if (second.gpu_was_busy &&
-        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS &&
-        static_cast<int64_t>(ms * 1e6) > kAsleepMaxSpanNs) {
+  retire_marks(g, st.asleep_marks, [&](float ms, const Mark& /*later*/) {
+    if (static_cast<int64_t>(ms * 1e6) > kAsleepMaxSpanNs) {
       g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
     }
-    give_event(g, first.event);
-    st.asleep_marks.pop_front();
-  }
+  });
 }
 
 }  // namespace

@@ -217,6 +217,26 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
 CUevent take_event(Gate& g);
 void give_event(Gate& g, CUevent e);
+// Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(ms, later)`
+// gets the GPU time between two marks the GPU ran through back to back (the first still pending
+// when the later was put).
+template <class Span>
+void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
+  while (marks.size() > 1) {
+    const Mark& first = marks[0];
+    const Mark& second = marks[1];
+    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
+      return;
+    }
+    float ms = 0.0f;
+    if (second.gpu_was_busy &&
+        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS && ms >= 0.0f) {
+      span(ms, second);
+    }
+    give_event(g, first.event);
+    marks.pop_front();
+  }
+}
 void forget_stream(CUstream stream);
 // Activity: auto_active drops once the process launched nothing for the grace time and its
 // GPU work completed. Called by the background thread.

@@ -96,23 +96,15 @@ namespace {
 // Retires the stream's completed marks, learning the GPU time per launch from the spans the
 // GPU ran back to back.
 void reap(Gate& g, StreamState& st) {
-  while (st.marks.size() > 1) {
-    Mark& first = st.marks[0];
-    Mark& second = st.marks[1];
-    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
+  retire_marks(g, st.marks, [&](float ms, const Mark& later) {
+    if (later.launches == 0) {
       return;
     }
-    float ms = 0.0f;
-    if (second.gpu_was_busy && second.launches > 0 &&
-        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS && ms >= 0.0f) {
-      const double ns = ms * 1e6 / static_cast<double>(second.launches);
-      st.ns_per_launch = st.ns_per_launch == 0.0 ? ns : 0.8 * st.ns_per_launch + 0.2 * ns;
-      const double want = g.cfg.barrier_us * 1000.0 / std::max(st.ns_per_launch, 1.0);
-      st.spacing = static_cast<uint64_t>(std::clamp(want, 1.0, 4096.0));
-    }
-    give_event(g, first.event);
-    st.marks.pop_front();
-  }
+    const double ns = ms * 1e6 / static_cast<double>(later.launches);
+    st.ns_per_launch = st.ns_per_launch == 0.0 ? ns : 0.8 * st.ns_per_launch + 0.2 * ns;
+    const double want = g.cfg.barrier_us * 1000.0 / std::max(st.ns_per_launch, 1.0);
+    st.spacing = static_cast<uint64_t>(std::clamp(want, 1.0, 4096.0));
+  });
 }
 
 double in_flight_ns(const StreamState& st) {
