@@ -55,16 +55,10 @@ void asleep_barriers(Gate& g, int64_t now) {
       continue;  // its context went away, say: the next try is a millisecond away
     }
     add64(ctl, kOffDriverBarriers, 1);
-    CUevent e = take_event(g);
-    if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-      give_event(g, e);
-      continue;
-    }
     Mark m;
-    m.event = e;
-    m.gpu_was_busy = !st.asleep_marks.empty() &&
-                     cu()->cuEventQuery(st.asleep_marks.back().event) != CUDA_SUCCESS;
-    st.asleep_marks.push_back(m);
+    if (record_mark(g, stream, st.asleep_marks, &m)) {
+      st.asleep_marks.push_back(m);
+    }
   }
 }
 

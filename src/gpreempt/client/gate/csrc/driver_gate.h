@@ -217,6 +217,9 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
 CUevent take_event(Gate& g);
 void give_event(Gate& g, CUevent e);
+// An event recorded on `stream` now, as the next of `marks` (mu held): false where it could not
+// be recorded.
+bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out);
 // Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(ms, later)`
 // gets the GPU time between two marks the GPU ran through back to back (the first still pending
 // when the later was put).

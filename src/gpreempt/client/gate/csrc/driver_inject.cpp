@@ -244,6 +244,9 @@ void after_fork_in_child() {
 }  // namespace
 
 void publish_state(uint32_t s) {
+  if (s == kDriverOn && !gate().barriers_ok.load()) {
+    s = kDriverFailed;  // a barrier failed, for good: it cannot hold what the process queued
+  }
   state.store(s);
   uint8_t* ctl = gate().ctl.load(std::memory_order_acquire);
   if (ctl != nullptr) {

@@ -115,9 +115,21 @@ double in_flight_ns(const StreamState& st) {
   return static_cast<double>(launches) * st.ns_per_launch;
 }
 
-// Mark the stream: a barrier where one holds, an event behind it, and the window enforced.
 }  // namespace
 
+bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out) {
+  CUevent e = take_event(g);
+  if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
+    give_event(g, e);
+    return false;
+  }
+  *out = Mark{};
+  out->event = e;
+  out->gpu_was_busy = !marks.empty() && cu()->cuEventQuery(marks.back().event) != CUDA_SUCCESS;
+  return true;
+}
+
+// Mark the stream: a barrier where one holds, an event behind it, and the window enforced.
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed;
   BarrierNote note;
@@ -130,15 +142,11 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
       publish_state(kDriverFailed);
     }
   }
-  CUevent e = take_event(g);
-  if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, e);
+  Mark m;
+  if (!record_mark(g, stream, st.marks, &m)) {
     return;
   }
-  Mark m;
-  m.event = e;
   m.launches = st.since_mark;
-  m.gpu_was_busy = !st.marks.empty() && cu()->cuEventQuery(st.marks.back().event) != CUDA_SUCCESS;
   push_mark(st, m, note);
   st.since_mark = 0;
   reap(g, st);
