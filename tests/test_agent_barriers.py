@@ -50,14 +50,14 @@ def test_barriers_by_mechanism(monkeypatch, mechanism, env, expected) -> None:
 
 
 def test_the_gate_config_by_priority(monkeypatch) -> None:
-    """A task that preempts gets an unbounded gate with no grace, one that may be preempted a
+    """A task that preempts gets an unbounded gate with a short grace, one that may be preempted a
     bounded gate whose grace covers its loop's pauses; both notice their own activity."""
     for name in (agent.ENV_GATE_BOUND, ENV_AUTO_ACTIVITY, ENV_GRACE_MS):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv(gate_mod.ENV_BARRIER_MS, raising=False)
     high = agent.gate_config_for(NAMED["high"], "auto")
     low = agent.gate_config_for(NAMED["low"], "lock")
-    assert (high.bound, high.auto_activity, high.idle_grace_ms) == (False, True, 0.0)
+    assert (high.bound, high.auto_activity, high.idle_grace_ms) == (False, True, 0.2)
     assert high.barrier_ms == gate_mod.RUN_BARRIER_MS
     assert (low.bound, low.auto_activity, low.idle_grace_ms, low.barrier_ms) == (True, True, 2, 0)
     monkeypatch.setenv(agent.ENV_GATE_BOUND, "0")

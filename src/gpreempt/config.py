@@ -27,11 +27,12 @@ EVENTS_NAME = "events.jsonl"
 STATE_NAME = "suspended.json"
 DAEMON_LOG_NAME = "daemon.log"
 
-#: Grace of the tasks that preempt others (``high``): none, because stream barriers and the
-#: watch stop the trainers again at the server's next launch, and every tenth of a millisecond
-#: of grace holds them after each request of a server that never calls ``request()``
-#: (benchmarks/defaults/grace: 0.2 ms kept a trainer 0.44 of its speed, 0 kept it 0.51).
-DEFAULT_IDLE_GRACE_MS = 0.0
+#: Grace of the tasks that preempt others (``high``): a fifth of a millisecond, enough to bridge
+#: a server's turn from one queued request to the next, so that a trainer whose step is one long
+#: launch (JAX) does not slip a whole step in between; it costs the eager trainer nothing
+#: measurable (benchmarks/driver_gate/results/h200/grace: JAX beside torch, no ``request()``,
+#: P99 2.1-4.0x of alone at 0 and 0.97-1.17x at 0.2 ms, kept 0.53-0.56 at both).
+DEFAULT_IDLE_GRACE_MS = 0.2
 #: Grace of the tasks that may be preempted: long enough that a training loop's gap between
 #: steps (reading its loss) does not count as idle.
 DEFAULT_BOUND_IDLE_GRACE_MS = 2.0
