@@ -55,3 +55,13 @@ def test_a_folder_without_the_run_files_gets_one_line(tmp_path: Path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _load().main([str(tmp_path)])
     assert "has no case-a.json" in str(exit_info.value)
+
+
+def test_a_trainer_that_wrote_no_steps_gets_one_line(tmp_path: Path):
+    """A command trainer (the C++ one) writes no step times; its folder may hold an empty file."""
+    _run(tmp_path / "run", leak=False)
+    (tmp_path / "run" / "case-b-0.json").unlink()
+    (tmp_path / "run" / "case-b-0.json.gz").write_bytes(b"")
+    with pytest.raises(SystemExit) as exit_info:
+        _load().main([str(tmp_path / "run")])
+    assert "holds no trainer's steps" in str(exit_info.value)

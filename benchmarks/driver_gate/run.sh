@@ -5,10 +5,10 @@
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
 # its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
-# trainer, cpp_trainer.cu, built with nvcc), jax-grace (jax-torch without request(), the
-# server's idle grace set to each of GRACES ms, default "0 0.2 1": does a grace that bridges the
-# gaps between queued requests hold the trainer?). REPEATS (default 3) repeats; REQUESTS
-# (default 1000) requests of Case-A per scenario. Each cell's results.json goes to
+# trainer, cpp_trainer.cu, built with nvcc), grace (each trainer of GRACE_TRAINERS, default
+# "jax-torch", without request(), the server's idle grace set to each of GRACES ms, default
+# "0 0.2 1": the frontier from which the default grace was chosen). REPEATS (default 3)
+# repeats; REQUESTS (default 1000) requests of Case-A per scenario. Each cell's results.json goes to
 # $OUT/<cell>/ (benchmarks/defaults/table.py prints it), with each gated run's per-request data
 # and events gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is
 # printed, and what held_progress.py reads of each run.
@@ -35,8 +35,10 @@ cell() {  # name, bench options...
     [ -f "$run/case-a.json" ] || continue
     keep="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
     mkdir -p "$keep"
-    for f in case-a.json case-b-0.json events.jsonl; do gzip -c "$run/$f" > "$keep/$f.gz"; done
-    echo "  $(basename "$keep"): $(python3 benchmarks/driver_gate/held_progress.py "$keep" |
+    for f in case-a.json case-b-0.json events.jsonl; do
+      [ -f "$run/$f" ] && gzip -c "$run/$f" > "$keep/$f.gz"
+    done
+    echo "  $(basename "$keep"): $(python3 benchmarks/driver_gate/held_progress.py "$keep" 2>&1 |
       sed -n 2p)"
   done
   echo "  leaks found: $(cat $(find "$work/$name" -name events.jsonl) 2>/dev/null |
@@ -51,9 +53,11 @@ for group in "$@"; do
         --launches 20000 --out "$OUT/launch_cost.json" ;;
     cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;
     compiled) cell compiled --case-b transformer-compiled ;;
-    jax-grace) for grace in ${GRACES:-0 0.2 1}; do
-        cell "jax-torch-grace-$grace" --case-b jax-torch --scenarios gpreempt-no-request \
-          --env-a "GPREEMPT_IDLE_GRACE_MS=$grace"
+    grace) for trainer in ${GRACE_TRAINERS:-jax-torch}; do
+        for grace in ${GRACES:-0 0.2 1}; do
+          cell "$trainer-grace-$grace" --case-b "$trainer" --scenarios gpreempt-no-request \
+            --env-a "GPREEMPT_IDLE_GRACE_MS=$grace"
+        done
       done ;;
     cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
       cell cpp --case-b-cmd "$work/cpp_trainer" ;;
