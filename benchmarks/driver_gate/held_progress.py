@@ -38,8 +38,10 @@ def _read(folder: Path, name: str) -> Any:
         text = ""
     if not text.strip():
         if name.startswith("case-b"):
-            raise SystemExit(f"held_progress: {folder} holds no trainer's steps ({name}): a "
-                             "trainer run as a command writes none")
+            raise SystemExit(
+                f"held_progress: {folder} holds no trainer's steps ({name}): a "
+                "trainer run as a command writes none"
+            )
         raise SystemExit(f"held_progress: {folder} has no {name}: give a runs/rN/SCENARIO folder")
     if name.endswith(".jsonl"):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
