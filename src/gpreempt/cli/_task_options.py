@@ -39,8 +39,8 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--always-active",
         action="store_true",
-        help="count the task as wanting the GPU all the time (for programs with neither "
-        "gpreempt.request() nor PyTorch)",
+        help="count the task as wanting the GPU all the time (for programs whose GPU launches "
+        "gpreempt cannot see: attached processes without PyTorch or gpreempt.request())",
     )
     parser.add_argument(
         "--timeslice-ms",

@@ -192,8 +192,8 @@ def leak_lines(tasks: list[dict[str, Any]]) -> list[str]:
 
 def never_active(task: dict[str, Any]) -> bool:
     """Whether a task has never counted as active: not ``--always-active``, not active now,
-    and neither a GPU launch nor a ``request()`` seen in it (a program without PyTorch or
-    the in-process client shows neither)."""
+    and neither a GPU launch nor a ``request()`` seen in it (an attached process without
+    PyTorch or the in-process client, or one whose gates could not load, shows neither)."""
     if task.get("always_active") or task.get("active"):
         return False
     gate = task.get("gate") or {}
