@@ -14,6 +14,7 @@ from gpreempt.bench.mps import MpsDaemon
 from gpreempt.bench.runner import BenchConfig, run_bench
 from gpreempt.bench.workload_argv import Workloads
 from gpreempt.cli import main
+from gpreempt.errors import UsageError
 
 HERE = Path(__file__).parent
 FAKES = HERE / "bench_fakes.py"
@@ -223,3 +224,48 @@ def test_harness_imports_no_torch():
         "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_several_trainers_share_case_a_runs_alone(tmp_path):
+    """Two Case-B kinds in one run: Case-A calibrated once and alone once before and once after
+    each repeat, each trainer's own runs in a directory named after it, whose results.json
+    takes the shared runs as its references."""
+    out = tmp_path / "run"
+    config = _config(
+        out,
+        ["a-alone", "b-alone", "gpreempt-signal"],
+        _workloads(),
+        repeats=2,
+        case_b_kinds=("transformer", "cupy"),
+    )
+    run_bench(config)
+
+    for repeat in ("r0", "r1"):
+        assert sorted(p.name for p in (out / "runs" / repeat).iterdir()) == [
+            "a-alone",
+            "a-alone-after",
+        ]
+        for kind in ("transformer", "cupy"):
+            assert sorted(p.name for p in (out / kind / "runs" / repeat).iterdir()) == [
+                "b-alone",
+                "gpreempt-signal",
+            ]
+    assert len(list(out.glob("calibration*"))) == 1
+    saved = {k: json.loads((out / k / "results.json").read_text()) for k in ("transformer", "cupy")}
+    for kind, results in saved.items():
+        assert results["params"]["case_b_together"] == ["transformer", "cupy"]
+        rows = results["scenarios"]
+        assert list(rows) == ["a-alone", "b-alone", "gpreempt-signal", "a-alone-after"]
+        assert all(row["valid"] for row in rows.values()), kind
+        assert rows["gpreempt-signal"]["b_kept"] > 0
+        assert (out / kind / "report.md").exists()
+    a = [r["scenarios"]["a-alone"]["a_latency_ms"] for r in saved.values()]
+    assert a[0] == a[1]  # the same runs alone
+    b = [r["scenarios"]["gpreempt-signal"]["a_latency_ms"] for r in saved.values()]
+    assert b[0] != b[1]  # each trainer's own co-located runs
+
+
+def test_a_trainer_named_twice_is_one_line(tmp_path):
+    config = _config(tmp_path / "run", ["a-alone"], _workloads(), case_b_kinds=("cupy", "cupy"))
+    with pytest.raises(UsageError, match="named twice"):
+        run_bench(config)

@@ -4,14 +4,17 @@
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
-# its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++
-# trainer, cpp_trainer.cu, built with nvcc), grace (each trainer of GRACE_TRAINERS, default
-# "jax-torch", without request(), the server's idle grace set to each of GRACES ms, default
-# "0 0.2 1": the frontier from which the default grace was chosen). REPEATS (default 3)
-# repeats; REQUESTS (default 1000) requests of Case-A per scenario. Each cell's results.json goes to
-# $OUT/<cell>/ (benchmarks/defaults/table.py prints it), with each gated run's per-request data
-# and events gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is
-# printed, and what held_progress.py reads of each run.
+# its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++ trainer,
+# cpp_trainer.cu, built with nvcc), together (the built-in trainers of TRAINERS, default
+# "transformer-sync transformer-compiled cupy-torch jax-torch", in one bench run: Case-A is
+# measured alone once per repeat for all of them; each trainer's results go where its own
+# group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
+# request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier
+# from which the default grace was chosen). REPEATS (default 3) repeats; REQUESTS (default 1000)
+# requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
+# (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
+# gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed,
+# and what held_progress.py reads of each run.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -21,29 +24,42 @@ work=/tmp/gpreempt-driver
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
-cell() {  # name, bench options...
-  local name=$1 limit=$((REPEATS * 150 + 90)); shift
+bench() {  # folder under $work, time limit (s), bench options...
+  local name=$1 limit=$2; shift 2
   rm -rf "$work/$name"
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
     --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
     --out "$work/$name" > "$work/$name.log" 2>&1
   echo "$name rc=$?"
+}
+keep() {  # cell name, the bench folder it ran in
+  local name=$1 dir=$2
   mkdir -p "$OUT/$name"
-  cp "$work/$name/results.json" "$OUT/$name/" 2>/dev/null || tail -5 "$work/$name.log"
+  cp "$dir/results.json" "$OUT/$name/" 2>/dev/null || echo "  $name: no results (see $work/*.log)"
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
-  for run in "$work/$name"/runs/r*/gpreempt*; do
+  for run in "$dir"/runs/r*/gpreempt*; do
     [ -f "$run/case-a.json" ] || continue
-    keep="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
-    mkdir -p "$keep"
+    local kept="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
+    mkdir -p "$kept"
     for f in case-a.json case-b-0.json events.jsonl; do
-      [ -f "$run/$f" ] && gzip -c "$run/$f" > "$keep/$f.gz"
+      [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
-    echo "  $(basename "$keep"): $(python3 benchmarks/driver_gate/held_progress.py "$keep" 2>&1 |
+    echo "  $(basename "$kept"): $(python3 benchmarks/driver_gate/held_progress.py "$kept" 2>&1 |
       sed -n 2p)"
   done
-  echo "  leaks found: $(cat $(find "$work/$name" -name events.jsonl) 2>/dev/null |
-    grep -c 'does not hold'), backstop locks: $(cat $(find "$work/$name" -name events.jsonl) \
+  echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
+    grep -c 'does not hold'), backstop locks: $(cat $(find "$dir" -name events.jsonl) \
     2>/dev/null | grep -c '"backstop"')"
+}
+cell() {  # name, bench options...
+  bench "$1" $((REPEATS * 150 + 90)) "${@:2}" && keep "$1" "$work/$1"
+}
+cell_name() {  # the cell a built-in trainer's results go to
+  case $1 in
+    transformer-sync) echo light ;;
+    transformer-compiled) echo compiled ;;
+    *) echo "$1" ;;
+  esac
 }
 for group in "$@"; do
   case $group in
@@ -59,6 +75,10 @@ for group in "$@"; do
             --env-a "GPREEMPT_IDLE_GRACE_MS=$grace"
         done
       done ;;
+    together) kinds=${TRAINERS:-transformer-sync transformer-compiled cupy-torch jax-torch}
+      n=$(echo $kinds | wc -w)
+      bench together $((REPEATS * (30 + 70 * n) + 90)) --case-b "$(echo $kinds | tr ' ' ,)"
+      for kind in $kinds; do keep "$(cell_name "$kind")" "$work/together/$kind"; done ;;
     cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
       cell cpp --case-b-cmd "$work/cpp_trainer" ;;
     *) echo "unknown group $group" ;;

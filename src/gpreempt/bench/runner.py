@@ -1,5 +1,10 @@
 """A whole benchmark run: calibrate Case-A, fix the arrivals, run every scenario (and repeat),
-then write results.json, report.md and the plots into the run's directory."""
+then write results.json, report.md and the plots into the run's directory.
+
+Several built-in Case-B kinds may share one run (``BenchConfig.case_b_kinds``): Case-A is then
+calibrated once and measured alone once before and once after each repeat, each trainer's
+own scenarios in between; each trainer gets a directory of its own, named after its kind, with
+a results.json that reads as if it had run alone (its references are the shared runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import statistics
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,8 @@ from .stats import combine_repeats, latency_summary
 from .workload_argv import Workloads
 
 REFERENCES = ("a-alone", "b-alone")
+#: Scenarios with Case-A alone: run once per repeat for every trainer of a shared run.
+CASE_A_ONLY = ("a-alone", A_AFTER)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,10 @@ class BenchConfig:
     nvml: bool = True
     serve_args: tuple[str, ...] = ()  # extra options for the scenarios' private daemon
     probe_device: bool = True
+    #: Built-in Case-B kinds measured in one run, against the same Case-A runs alone; empty:
+    #: just ``workloads``' own Case-B. (A ``case_b_fn`` or ``case_b_cmd`` in ``workloads``
+    #: replaces every kind's trainer; ``gpreempt bench`` refuses that combination.)
+    case_b_kinds: tuple[str, ...] = ()
     command: str = ""
     # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory_pressure)
     ballast_gib: float | None = None
@@ -76,6 +87,8 @@ class BenchConfig:
             raise UsageError(f"--repeats must be at least 1, got {self.repeats}")
         arrival_rate(self.load, 1.0)  # checks the range
         check_scenarios(self.scenarios)
+        if len(self.case_b_kinds) != len(set(self.case_b_kinds)):
+            raise UsageError(f"a Case-B kind is named twice: {','.join(self.case_b_kinds)}")
         make_plan({}, 1.0, self.ballast_gib, self.growth_gib, self.reserve_gib, self.growth_at_s)
 
 
@@ -113,6 +126,30 @@ def _exit_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, leave)
 
 
+@dataclass(frozen=True)
+class _Trainer:
+    """One Case-B of a run: its label (its kind in a shared run, else empty), its workloads and
+    the directory its scenarios and results go to."""
+
+    label: str
+    workloads: Workloads
+    out: Path
+
+
+def _trainers(config: BenchConfig) -> list[_Trainer]:
+    """The run's trainers: its one Case-B in the run's directory, or each of several kinds in
+    a directory of its own."""
+    if len(config.case_b_kinds) <= 1:
+        workloads = config.workloads
+        if config.case_b_kinds:
+            workloads = replace(workloads, case_b_kind=config.case_b_kinds[0])
+        return [_Trainer("", workloads, config.out_dir)]
+    return [
+        _Trainer(kind, replace(config.workloads, case_b_kind=kind), config.out_dir / kind)
+        for kind in config.case_b_kinds
+    ]
+
+
 def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -121,14 +158,18 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
     device = describe(config.workloads.python) if config.probe_device else {}
     names = scenario_order(config.scenarios)
     measured = [n for n in names if n != "sequential"]
+    alone = [n for n in measured if n in CASE_A_ONLY]
+    own = [n for n in measured if n not in CASE_A_ONLY]
+    trainers = _trainers(config)
 
     from tqdm import tqdm
 
-    bar = tqdm(total=1 + len(measured) * config.repeats, desc="gpreempt bench", unit="step")
+    steps = 1 + config.repeats * (len(alone) + len(trainers) * len(own))
+    bar = tqdm(total=steps, desc="gpreempt bench", unit="step")
     try:
         bar.set_postfix_str("calibrating Case-A")
         harness = Harness(
-            config.workloads,
+            trainers[0].workloads,
             out / "arrivals.json",
             0.0,
             config.bg,
@@ -141,39 +182,79 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         rate = arrival_rate(config.load, service_s)
         offsets = poisson_arrivals(config.requests, rate, config.seed)
         (out / "arrivals.json").write_text(json.dumps(offsets))
-        harness = Harness(
-            config.workloads,
-            out / "arrivals.json",
-            offsets[-1],
-            config.bg,
-            config.gpreempt,
-            config.mps_control,
-            nvml=config.nvml,
-            memory=_memory_plan(config, names, offsets[-1]),
-            serve_args=config.serve_args,
-        )
+        memory = _memory_plan(config, names, offsets[-1])
+        harnesses = {
+            t.label: Harness(
+                t.workloads,
+                out / "arrivals.json",
+                offsets[-1],
+                config.bg,
+                config.gpreempt,
+                config.mps_control,
+                nvml=config.nvml,
+                memory=memory,
+                serve_args=config.serve_args,
+            )
+            for t in trainers
+        }
         bar.update(1)
-        runs: list[dict[str, RawScenario]] = []
+
+        def run(trainer: _Trainer, name: str, repeat: int, raws: dict[str, RawScenario]) -> None:
+            where = f"{trainer.label}: " if trainer.label else ""
+            bar.set_postfix_str(f"{where}{name} (repeat {repeat + 1}/{config.repeats})")
+            base = out if name in CASE_A_ONLY else trainer.out
+            a_alone = raws.get("a-alone")
+            b_alone_s = (
+                a_alone.window[1] - a_alone.window[0]
+                if a_alone is not None and a_alone.window
+                else offsets[-1] + service_s
+            )
+            raws[name] = run_scenario(
+                harnesses[trainer.label], name, base / "runs" / f"r{repeat}" / name, b_alone_s
+            )
+            if progress:
+                progress(f"{where}{name}: {'valid' if raws[name].valid else 'INVALID'}")
+            bar.update(1)
+
+        runs: dict[str, list[dict[str, RawScenario]]] = {t.label: [] for t in trainers}
         for repeat in range(config.repeats):
-            raws: dict[str, RawScenario] = {}
-            for name in measured:
-                bar.set_postfix_str(f"{name} (repeat {repeat + 1}/{config.repeats})")
-                a_alone = raws.get("a-alone")
-                b_alone_s = (
-                    a_alone.window[1] - a_alone.window[0]
-                    if a_alone is not None and a_alone.window
-                    else offsets[-1] + service_s
-                )
-                raws[name] = run_scenario(
-                    harness, name, out / "runs" / f"r{repeat}" / name, b_alone_s
-                )
-                if progress:
-                    progress(f"{name}: {'valid' if raws[name].valid else 'INVALID'}")
-                bar.update(1)
-            runs.append(raws)
+            shared: dict[str, RawScenario] = {}
+            for name in alone:
+                if name != A_AFTER:
+                    run(trainers[0], name, repeat, shared)
+            per_trainer = {t.label: dict(shared) for t in trainers}
+            for trainer in trainers:
+                for name in own:
+                    run(trainer, name, repeat, per_trainer[trainer.label])
+            if A_AFTER in alone:
+                run(trainers[0], A_AFTER, repeat, shared)
+                for raws in per_trainer.values():
+                    raws[A_AFTER] = shared[A_AFTER]
+            for label, raws in per_trainer.items():
+                runs[label].append({n: raws[n] for n in measured})
     finally:
         bar.close()
 
+    facts = {
+        "service_ms": service_ms,
+        "service_s": service_s,
+        "rate": rate,
+        "span_s": offsets[-1],
+        "memory_plan": memory.as_dict() if memory else None,
+        "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
+    }
+    results = [_write_results(config, t, runs[t.label], names, facts) for t in trainers]
+    return results[0]
+
+
+def _write_results(
+    config: BenchConfig,
+    trainer: _Trainer,
+    runs: list[dict[str, RawScenario]],
+    names: Sequence[str],
+    facts: dict[str, Any],
+) -> dict[str, Any]:
+    """One trainer's results.json, report.md and plots, in its directory."""
     per_repeat = [_rows(raws, names) for raws in runs]
     scenarios = {
         name: combine_memory_flags(
@@ -182,29 +263,29 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         )
         for name in names
     }
-    calib = latency_summary(service_ms)
+    workloads = trainer.workloads
     params = {
         "load": config.load,
         "requests": config.requests,
         "bg": config.bg,
         "case_a": config.case_a,
-        "case_a_batch": config.workloads.case_a_batch,
-        "case_a_fn": config.workloads.case_a_fn,
-        "case_b": config.workloads.case_b_fn
-        or config.workloads.case_b_cmd
-        or config.workloads.case_b_kind,
-        "scenarios": names,
+        "case_a_batch": workloads.case_a_batch,
+        "case_a_fn": workloads.case_a_fn,
+        "case_b": workloads.case_b_fn or workloads.case_b_cmd or workloads.case_b_kind,
+        # the trainers whose runs shared Case-A's runs alone (one: none shared)
+        "case_b_together": list(config.case_b_kinds) if len(config.case_b_kinds) > 1 else [],
+        "scenarios": list(names),
         "repeats": config.repeats,
         "seed": config.seed,
         "quick": config.quick,
-        "warmup_s": config.workloads.warmup_s,
-        "service_ms_alone": service_s * 1000.0,
-        "service_ms_calibration": calib,
-        "arrival_rate_per_s": rate,
-        "arrivals_span_s": offsets[-1],
+        "warmup_s": workloads.warmup_s,
+        "service_ms_alone": facts["service_s"] * 1000.0,
+        "service_ms_calibration": latency_summary(facts["service_ms"]),
+        "arrival_rate_per_s": facts["rate"],
+        "arrivals_span_s": facts["span_s"],
         "command": config.command,
         "serve_args": list(config.serve_args),
-        "memory_plan": harness.memory.as_dict() if harness.memory else None,
+        "memory_plan": facts["memory_plan"],
         # settings the workloads inherit (e.g. GPREEMPT_IDLE_GRACE_MS changes gpreempt's policy)
         "env": {
             k: v
@@ -215,13 +296,14 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
     results: dict[str, Any] = {
         "gpreempt_version": __version__,
         "generated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
+        "device": facts["device"],
         "params": params,
         "scenarios": scenarios,
     }
-    results["plots"] = list(all_plots(runs[0], out))
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
-    (out / "report.md").write_text(render(results))
+    trainer.out.mkdir(parents=True, exist_ok=True)
+    results["plots"] = list(all_plots(runs[0], trainer.out))
+    (trainer.out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
+    (trainer.out / "report.md").write_text(render(results))
     return results
 
 

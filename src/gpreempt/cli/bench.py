@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shlex
 import sys
 import textwrap
@@ -50,7 +51,8 @@ minutes; name them in --scenarios, or use --scenarios all):
 
 outputs (in the run's directory): results.json, report.md,
 latency_cdf.png/.json, timeline.png/.json, and runs/r<k>/<scenario>/ with
-every process's log and raw data.
+every process's log and raw data; with several --case-b kinds, each kind's
+in a directory of its own, and Case-A's runs alone in runs/.
 
 examples:
   gpreempt bench --quick
@@ -58,6 +60,8 @@ examples:
   gpreempt bench --scenarios gpreempt,gpreempt-no-request \\
       --case-b transformer-sync
   gpreempt bench --scenarios gpreempt,gpreempt-lock --case-b cupy
+  gpreempt bench --scenarios gpreempt,gpreempt-no-request --repeats 3 \\
+      --case-b transformer-sync,transformer-compiled,jax-torch --out runs/three
   gpreempt bench --scenarios time-sliced,gpreempt --case-b-cmd "python t.py"
   gpreempt bench --quick \\
       --scenarios gpreempt-timeslice,gpreempt-share,gpreempt-scheduler
@@ -106,13 +110,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--case-b",
-        choices=CASE_B_KINDS,
-        metavar="KIND",
+        metavar="KIND[,KIND...]",
         default="transformer",
         help=f"built-in Case-B, one of {', '.join(CASE_B_KINDS)}: transformer is an eager "
         "Transformer encoder training loop; -sync reads its loss "
         "every step (loss.item()), -compiled runs it under torch.compile; cupy is a CuPy GEMM "
-        "loop with no PyTorch (default transformer)",
+        "loop with no PyTorch (default transformer). Several, comma-separated, share one run: "
+        "Case-A is calibrated and measured alone once per repeat for all of them, and each "
+        "gets a directory of its own in --out, named after it",
     )
     parser.add_argument(
         "--case-a-fn",
@@ -260,6 +265,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--scenarios is empty: name at least one scenario")
     if args.case_b_fn and args.case_b_cmd:
         raise UsageError("give --case-b-fn or --case-b-cmd, not both")
+    case_b_kinds = _case_b_kinds(args.case_b)
+    if len(case_b_kinds) > 1 and (args.case_b_fn or args.case_b_cmd):
+        raise UsageError(
+            "several --case-b kinds share a run of built-in trainers only; run a "
+            "--case-b-fn or --case-b-cmd trainer on its own"
+        )
     if not gpu_present():  # after the options are checked: bad input is said first
         raise MechanismUnavailable(
             "no NVIDIA GPU found (`nvidia-smi -L` lists none): the benchmark measures GPU "
@@ -271,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         python=args.python,
         case_a_batch=CASE_A_BATCH[args.case_a],
         case_a_graph=args.case_a != "eager",
-        case_b_kind=args.case_b,
+        case_b_kind=case_b_kinds[0],
         case_a_fn=args.case_a_fn,
         case_b_fn=args.case_b_fn,
         case_b_cmd=args.case_b_cmd,
@@ -299,17 +310,43 @@ def run(args: argparse.Namespace) -> int:
         growth_gib=args.growth_gib,
         reserve_gib=args.reserve_gib,
         growth_at_s=args.growth_at_s,
+        case_b_kinds=case_b_kinds,
     )
     results = run_bench(config)
-    _print_summary(results, config.out_dir)
+    if len(case_b_kinds) == 1:
+        _print_summary(results, config.out_dir)
+        return 0
+    for kind in case_b_kinds:
+        folder = config.out_dir / kind
+        _print_summary(json.loads((folder / "results.json").read_text()), folder, kind)
     return 0
 
 
-def _print_summary(results: dict, out_dir: Path) -> None:
+def _case_b_kinds(text: str) -> tuple[str, ...]:
+    """``--case-b``'s kinds, each checked: one line for a kind that does not exist."""
+    from ..bench.builtin_workloads import CASE_B_KINDS
+
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds:
+        raise UsageError(f"--case-b is empty: name one of {', '.join(CASE_B_KINDS)}")
+    for kind in kinds:
+        if kind not in CASE_B_KINDS:
+            raise UsageError(
+                f"--case-b {kind!r} is not a built-in trainer: one of {', '.join(CASE_B_KINDS)}"
+            )
+    if len(set(kinds)) != len(kinds):
+        raise UsageError(f"--case-b names a trainer twice: {text}")
+    return kinds
+
+
+def _print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="gpreempt bench (Case-A P99 ratio: lower is better, 1.0 = as alone)")
+    beside = f", beside {case_b}" if case_b else ""
+    table = Table(
+        title=f"gpreempt bench{beside} (Case-A P99 ratio: lower is better, 1.0 = as alone)"
+    )
     for column in ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "A busy", "system"):
         table.add_column(column, justify="left" if column == "scenario" else "right")
 
