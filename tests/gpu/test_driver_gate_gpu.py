@@ -228,3 +228,48 @@ def test_work_beside_torch_stands_still_while_a_server_request_is_open(
         assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
     finally:
         stop_all(trainer, server)
+
+
+SPIN_SERVER = r"""
+import time, cupy
+spin = cupy.RawKernel(r'''
+extern "C" __global__ void spin(long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {}
+}''', "spin")
+device = cupy.cuda.Device()
+spin((1,), (1,), (cupy.int64(1000),)); device.synchronize()
+time.sleep(3)  # its warm-up's activity has dropped
+print("launch", time.time(), flush=True)
+spin((1,), (1,), (cupy.int64(device.attributes["ClockRate"] * 500),))  # about half a second
+device.synchronize()
+print("done", time.time(), flush=True)
+time.sleep(3)
+"""
+
+
+def test_a_server_without_torch_stays_active_for_its_grace_after_its_work(
+    daemon, runtime_dir, monkeypatch
+):
+    """A program without PyTorch that preempts others is active from its launch until its GPU
+    work has completed and the grace has passed since: the grace counts from the completion,
+    not from the last launch (a kernel longer than the grace would end it at once)."""
+    pytest.importorskip("cupy")
+    monkeypatch.setenv("GPREEMPT_IDLE_GRACE_MS", "400")
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
+        sys.executable, "-c", SPIN_SERVER,
+    )  # fmt: skip
+    try:
+        out, err = server.communicate(timeout=120)
+    finally:
+        stop_all(server)
+    assert server.returncode == 0, err
+    marks = {word: float(t) for word, t in (line.split() for line in out.splitlines())}
+    events = [json.loads(line) for line in (runtime_dir / "events.jsonl").read_text().splitlines()]
+    mine = [e for e in events if e.get("task") == "server" and e["event"] in ("active", "idle")]
+    rose = [e["t"] for e in mine if e["event"] == "active" and e["t"] >= marks["launch"] - 0.05]
+    fell = [e["t"] for e in mine if e["event"] == "idle" and e["t"] >= marks["launch"]]
+    assert rose and fell, mine
+    assert rose[0] < marks["done"] - 0.2, (marks, mine)  # active while the kernel ran
+    assert 0.3 <= fell[0] - marks["done"] <= 2.0, (marks, mine)  # its grace after it

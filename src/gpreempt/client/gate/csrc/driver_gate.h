@@ -110,6 +110,7 @@ struct Gate {
   std::atomic<bool> exiting{false};     // the process exits: no more driver calls
   std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
   std::atomic<int64_t> last_launch_ns{0};
+  int64_t quiet_since_ns = 0;  // the background thread's: when it saw all work completed
   std::atomic<uint32_t> active{0};
   std::atomic<int> captures{0};            // stream captures under way in the process
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
@@ -241,8 +242,9 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
   }
 }
 void forget_stream(CUstream stream);
-// Activity: auto_active drops once the process launched nothing for the grace time and its
-// GPU work completed. Called by the background thread.
+// Activity: auto_active drops once the process's GPU work has completed and the grace time has
+// passed since, with nothing launched meanwhile (the grace counts from the completion, as the
+// operator gate's does). Called by the background thread.
 void check_idle(Gate& g, int64_t now);
 
 // driver_asleep.cpp

@@ -177,13 +177,11 @@ void forget_stream(CUstream stream) {
   g.streams.erase(it);
 }
 
-void check_idle(Gate& g, int64_t now) {
-  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || g.active.load() == 0 ||
-      now - g.last_launch_ns.load(std::memory_order_relaxed) <
-          static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6)) {
-    return;
-  }
+namespace {
+
+// Whether the GPU has completed everything the process launched: an event behind each
+// stream's last launch, recorded once per burst of launches, is queried.
+bool work_done(Gate& g) {
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
   const RelaxedCapture relaxed;
@@ -191,7 +189,6 @@ void check_idle(Gate& g, int64_t now) {
   for (auto& [stream, st] : g.streams) {
     const CurrentContext current(st.context);
     if (st.dirty && !capturing(stream)) {
-      // an event behind the stream's last launch tells when its work completed
       CUevent e = take_event(g);
       if (e != nullptr && cu()->cuEventRecord(e, stream) == CUDA_SUCCESS) {
         push_mark(st, Mark{e, st.since_mark, false}, BarrierNote{});
@@ -206,9 +203,34 @@ void check_idle(Gate& g, int64_t now) {
     }
     reap(g, st);
   }
-  if (!done || g.active.exchange(0) == 0) {
+  return done;
+}
+
+}  // namespace
+
+void check_idle(Gate& g, int64_t now) {
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl == nullptr || g.active.load() == 0) {
+    g.quiet_since_ns = 0;
     return;
   }
+  const int64_t grace = static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6);
+  const int64_t last = g.last_launch_ns.load(std::memory_order_acquire);
+  const bool quiet = g.quiet_since_ns != 0 && last < g.quiet_since_ns;
+  if (quiet && now - g.quiet_since_ns < grace) {
+    return;  // its work completed, nothing launched since: the grace runs
+  }
+  if (!work_done(g)) {
+    g.quiet_since_ns = 0;
+    return;
+  }
+  if (!quiet) {
+    g.quiet_since_ns = now;  // first seen done with everything launched so far
+  }
+  if (now - g.quiet_since_ns < grace || now - last < grace || g.active.exchange(0) == 0) {
+    return;
+  }
+  g.quiet_since_ns = 0;
   set_activity_word(ctl, kOffAutoActive, 0);
   if (g.last_launch_ns.load(std::memory_order_acquire) > now) {
     // a launch came in meanwhile, and saw the gate still active: it stays active
