@@ -4,6 +4,9 @@ For each trainer kind three copies of it run side by side, taking turns on the G
 while the others wait idle), in rounds whose order is shuffled:
 
 * ``ungated``: plain ``python``, no gpreempt at all;
+* ``control``: a second plain copy, started first (``ungated`` is started last): its ratio
+  would be 1 but for what tells the processes apart beside gpreempt (their order of start,
+  where their memory lies) and the rounds' noise; read the others against its spread;
 * ``defaults``: ``gpreempt run --priority low`` beside an idle, more important task registered
   on the same GPU (``gpreempt run --priority high -- sleep``): the daemon lets its gate sleep
   after a second;
@@ -36,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = ("ungated", "defaults", "awake")
+CONFIGS = ("ungated", "control", "defaults", "awake")
 KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
 
 CHILD = r"""
@@ -116,6 +119,8 @@ def measure_kind(
     outs = {c: work / f"{kind}.{ids[c]}.jsonl" for c in configs}
     gated = [("defaults", None), ("awake", "0"), *((f"awake:{v}", "0") for v in variants)]
     try:
+        control = [sys.executable, "-c", CHILD, kind, str(turn), ids["control"]]
+        procs.append(subprocess.Popen([*control, str(outs["control"])], env=env))
         for i, (config, sleep_after) in enumerate(gated):
             runtime = work / f"rt-{kind}-{i}"
             runtime.mkdir(mode=0o700)
