@@ -102,7 +102,8 @@ def scenario_order(names: Sequence[str]) -> list[str]:
 
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run everything and write the outputs; returns the results.json content.
+    """Run everything and write the outputs; returns the results.json content (with several
+    Case-B kinds, the first one's; each one's is in its directory).
 
     SIGTERM is turned into SystemExit while it runs, so a killed run still stops every process
     it started (and any MPS daemon) on the way out.
