@@ -4,7 +4,8 @@
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
-# its loss every step), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++ trainer,
+# its loss every step), operator-only (light with the trainer's operator gate alone, no
+# driver-level gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++ trainer,
 # cpp_trainer.cu, built with nvcc), together (the built-in trainers of TRAINERS, default
 # "transformer-sync transformer-compiled cupy-torch jax-torch", in one bench run: Case-A is
 # measured alone once per repeat for all of them; each trainer's results go where its own
@@ -65,6 +66,8 @@ for group in "$@"; do
   case $group in
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     light) cell light --case-b transformer-sync ;;
+    operator-only) cell light-operator-only --case-b transformer-sync \
+        --env-b GPREEMPT_DRIVER_GATE=0 ;;
     cost) timeout 300 python3 benchmarks/driver_gate/launch_cost.py --rounds "${COST_ROUNDS:-4}" \
         --launches 20000 --out "$OUT/launch_cost.json" ;;
     cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;
