@@ -3,19 +3,19 @@
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
-# Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads
-# its loss every step), operator-only (light with the trainer's operator gate alone, no
-# driver-level gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch, compiled, cpp (a CUDA C++ trainer,
-# cpp_trainer.cu, built with nvcc), together (the built-in trainers of TRAINERS, default
-# "transformer-sync transformer-compiled cupy-torch jax-torch", in one bench run: Case-A is
-# measured alone once per repeat for all of them; each trainer's results go where its own
-# group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
-# request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier
-# from which the default grace was chosen). REPEATS (default 3) repeats; REQUESTS (default 1000)
-# requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
+# Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads its
+# loss every step), operator-only (light with the trainer's operator gate alone, no driver-level
+# gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch,
+# compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the built-in
+# trainers of TRAINERS, default "transformer-sync transformer-compiled cupy-torch jax-torch", in one
+# bench run: Case-A is measured alone once per repeat for all of them; each trainer's results go
+# where its own group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
+# request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier from
+# which the default grace was chosen). REPEATS (default 3) repeats; REQUESTS (default 1000) requests
+# of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
-# gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed,
-# and what held_progress.py reads of each run.
+# gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed, and
+# what held_progress.py reads of each run.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
