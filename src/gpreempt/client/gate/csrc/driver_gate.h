@@ -242,9 +242,11 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
   }
 }
 void forget_stream(CUstream stream);
-// Activity: auto_active drops once the process's GPU work has completed and the grace time has
-// passed since, with nothing launched meanwhile (the grace counts from the completion, as the
-// operator gate's does). Called by the background thread.
+// Activity: auto_active drops once the process launched nothing for the grace time, its GPU
+// work has completed, and the grace time has passed again since that was first seen: a kernel
+// longer than the grace keeps it active for the grace after it completes, as the operator
+// gate does; after short kernels it drops between one and two graces after the last launch.
+// Called by the background thread.
 void check_idle(Gate& g, int64_t now);
 
 // driver_asleep.cpp

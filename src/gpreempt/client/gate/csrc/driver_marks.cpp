@@ -217,6 +217,10 @@ void check_idle(Gate& g, int64_t now) {
   const int64_t grace = static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6);
   const int64_t last = g.last_launch_ns.load(std::memory_order_acquire);
   const bool quiet = g.quiet_since_ns != 0 && last < g.quiet_since_ns;
+  if (!quiet && now - last < grace) {
+    g.quiet_since_ns = 0;
+    return;  // it launched within the grace: nothing to look at yet (nor to record behind)
+  }
   if (quiet && now - g.quiet_since_ns < grace) {
     return;  // its work completed, nothing launched since: the grace runs
   }
@@ -227,7 +231,7 @@ void check_idle(Gate& g, int64_t now) {
   if (!quiet) {
     g.quiet_since_ns = now;  // first seen done with everything launched so far
   }
-  if (now - g.quiet_since_ns < grace || now - last < grace || g.active.exchange(0) == 0) {
+  if (now - g.quiet_since_ns < grace || g.active.exchange(0) == 0) {
     return;
   }
   g.quiet_since_ns = 0;
