@@ -106,6 +106,7 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
         assert (out / name).stat().st_size > 0
     text = (out / "report.md").read_text()
     assert "| gpreempt-signal | yes |" in text and "Throughput" in text
+    assert "B late" in text  # the trainer's steps late into Case-A's activity, a column
     # the same arrivals in every scenario
     serve = json.loads((out / "runs/r0/time-sliced/case-a.json").read_text())
     alone = json.loads((out / "runs/r1/a-alone/case-a.json").read_text())

@@ -156,7 +156,9 @@ def render(results: Mapping[str, Any]) -> str:
         "Inside Case-A's window (first arrival to last completion). A served: Case-A's request "
         "rate against Case-A alone. B kept: Case-B steps/s against Case-B alone. "
         "System throughput = A served + B kept. A busy: share of the window Case-A was serving "
-        "(the load it really put on the GPU); B kept of idle = B kept / (1 - A busy)."
+        "(the load it really put on the GPU); B kept of idle = B kept / (1 - A busy). B late: "
+        "Case-B steps completed more than 1.5 of its steps into a period in which the daemon "
+        "counted Case-A active (gpreempt scenarios)."
     )
     out.append("")
     rows = [
@@ -168,6 +170,7 @@ def render(results: Mapping[str, Any]) -> str:
             _cell(row, "system_throughput"),
             _cell(row, "a_busy"),
             _cell(row, "b_kept_of_idle"),
+            _cell(row, "b_late_steps", 0),
         ]
         for name, row in scenarios.items()
     ]
@@ -180,6 +183,7 @@ def render(results: Mapping[str, Any]) -> str:
             "system throughput",
             "A busy",
             "B kept of idle",
+            "B late",
         ],
         rows,
     )

@@ -347,7 +347,8 @@ def _print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
     table = Table(
         title=f"gpreempt bench{beside} (Case-A P99 ratio: lower is better, 1.0 = as alone)"
     )
-    for column in ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "A busy", "system"):
+    columns = ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "B late", "A busy", "system")
+    for column in columns:
         table.add_column(column, justify="left" if column == "scenario" else "right")
 
     def fmt(value: object, digits: int = 2) -> str:
@@ -361,11 +362,16 @@ def _print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
             fmt(latency.get("p99"), 3),
             fmt(row.get("a_p99_ratio")),
             fmt(row.get("b_kept")),
+            fmt(row.get("b_late_steps"), 0),
             fmt(row.get("a_busy")),
             fmt(row.get("system_throughput")),
         )
     console = Console()
     console.print(table)
+    console.print(
+        "B late: Case-B's steps that completed more than 1.5 of its steps into a period in "
+        "which the daemon counted Case-A active (its work went on beside Case-A's)"
+    )
     for name, row in results["scenarios"].items():
         if "a_oom" not in row:
             continue
