@@ -233,15 +233,16 @@ def test_work_beside_torch_stands_still_while_a_server_request_is_open(
 SPIN_SERVER = r"""
 import time, cupy
 spin = cupy.RawKernel(r'''
-extern "C" __global__ void spin(long long cycles) {
-  long long start = clock64();
-  while (clock64() - start < cycles) {}
+extern "C" __global__ void spin(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
 }''', "spin")
 device = cupy.cuda.Device()
-spin((1,), (1,), (cupy.int64(1000),)); device.synchronize()
+spin((1,), (1,), (cupy.uint64(1000),)); device.synchronize()
 time.sleep(3)  # its warm-up's activity has dropped
 print("launch", time.time(), flush=True)
-spin((1,), (1,), (cupy.int64(device.attributes["ClockRate"] * 500),))  # about half a second
+spin((1,), (1,), (cupy.uint64(500_000_000),))  # half a second
 device.synchronize()
 print("done", time.time(), flush=True)
 time.sleep(3)
