@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import env_number, env_switch
+from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, env_switch
 from ...errors import UsageError
 
 ENV_K = "GPREEMPT_GATE_K"
@@ -44,8 +44,9 @@ DEFAULT_WINDOW_MS = 1.0
 DEFAULT_OPEN_WINDOW_MS = 25.0
 #: How long the window stays tight after the gate was last closed.
 DEFAULT_HOLD_MS = 1000.0
-#: Quiet time after the last GPU work before ``auto_active`` drops back to 0.
-DEFAULT_IDLE_GRACE_MS = 2.0
+#: Quiet time after the last GPU work before ``auto_active`` drops back to 0 (the default of a
+#: task that may be preempted; ``gpreempt run`` passes the one for its priority).
+DEFAULT_IDLE_GRACE_MS = DEFAULT_BOUND_IDLE_GRACE_MS
 #: Stream barrier spacing (GPU time) for tasks under ``gpreempt run --mechanism gate``. Each
 #: barrier stalls the stream's front end between two kernels, so closer barriers cost the
 #: trainer more than they save the server (docs/results.md, "How far apart the barriers").

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import idle_grace_ms
+from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, idle_grace_ms
 
 #: The variable the CUDA driver reads at cuInit.
 ENV_INJECTION = "CUDA_INJECTION64_PATH"
@@ -49,7 +49,7 @@ class DriverConfig:
     auto_activity: bool  # publishes its launches as activity (tasks that preempt others)
     barrier_us: float = BARRIER_US
     window_ms: float = WINDOW_MS
-    idle_grace_ms: float = 2.0
+    idle_grace_ms: float = DEFAULT_BOUND_IDLE_GRACE_MS
 
     def environment(self) -> dict[str, str]:
         """The variables the C++ side reads where it opens its own channel."""

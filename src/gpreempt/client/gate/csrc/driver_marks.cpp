@@ -188,13 +188,13 @@ bool work_done(Gate& g) {
   bool done = true;
   for (auto& [stream, st] : g.streams) {
     const CurrentContext current(st.context);
+    Mark m;
     if (st.dirty && !capturing(stream)) {
-      CUevent e = take_event(g);
-      if (e != nullptr && cu()->cuEventRecord(e, stream) == CUDA_SUCCESS) {
-        push_mark(st, Mark{e, st.since_mark, false}, BarrierNote{});
+      if (record_mark(g, stream, st.marks, &m)) {
+        m.launches = st.since_mark;
+        m.gpu_was_busy = false;  // a burst's tail: no span the GPU ran through to learn from
+        push_mark(st, m, BarrierNote{});
         st.since_mark = 0;
-      } else {
-        give_event(g, e);
       }
       st.dirty = false;
     }
