@@ -159,6 +159,17 @@ def test_steps_that_complete_well_into_case_as_activity_are_counted_late():
         raw = _raw("gpreempt", due, [t + 0.004 for t in due], steps=[sorted(steps)], events=active)
         metrics[name] = scenario_metrics.scenario_metrics(raw, None, None)["b_late_steps"]
     assert metrics == {"held": 0, "leaking": 3}
+
+
+def test_the_daemons_hold_checks_are_counted():
+    events = [
+        {"t": 0.1, "task": "case-b-0", "event": "suspend"},
+        {"t": 0.2, "task": "case-b-0", "event": "error", "reason": "its suspension does not hold"},
+        {"t": 0.2, "task": "case-b-0", "event": "backstop", "mechanism": "lock"},
+        {"t": 0.3, "task": "case-b-0", "event": "error", "reason": "something else"},
+    ]
+    assert scenario_metrics.held_checks(events) == {"hold_leaks": 1, "backstop_stops": 1}
+    assert scenario_metrics.held_checks(events[:1]) == {"hold_leaks": 0, "backstop_stops": 0}
     assert daemon_events.late_steps([0.15], [(0.10, 0.20)], 0.01) == [pytest.approx(0.05)]
 
 
@@ -254,3 +265,11 @@ def test_one_sides_environment_reaches_only_that_side(monkeypatch: pytest.Monkey
     work = Workloads(env_b=(("GPREEMPT_DRIVER_GATE", "0"),))
     assert work.environment(dict(work.env_b))["GPREEMPT_DRIVER_GATE"] == "0"
     assert "GPREEMPT_DRIVER_GATE" not in work.environment(dict(work.env_a))
+
+
+def test_the_report_names_suspensions_that_did_not_hold():
+    row = {"valid": True, "hold_leaks": 2, "backstop_stops": 2}
+    text = report.render({"params": {}, "scenarios": {"gpreempt": row}})
+    assert "## Suspensions that did not hold" in text and "`gpreempt`: 2 found" in text
+    text = report.render({"params": {}, "scenarios": {"gpreempt": {**row, "hold_leaks": 0}}})
+    assert "did not hold" not in text

@@ -241,6 +241,14 @@ def render(results: Mapping[str, Any]) -> str:
             f"- `{n}`: {r.get('invalid_reason') or 'no reason recorded'}"
             for n, r in invalid.items()
         ]
+    leaked = {n: r for n, r in scenarios.items() if r.get("hold_leaks")}
+    if leaked:
+        out += ["", "## Suspensions that did not hold", ""]
+        out += [
+            f"- `{n}`: {r['hold_leaks']} found by the daemon, {r.get('backstop_stops', 0)} "
+            "stopped behind them (`events.jsonl` of its runs)"
+            for n, r in leaked.items()
+        ]
     plots = results.get("plots") or []
     if plots:
         out += ["", "## Plots", ""]

@@ -14,6 +14,8 @@
   a_busy), what Case-B got of the time Case-A left. A server whose service time drifts away
   from its calibration (an eager one) runs at another load than asked, and b_kept moves with it.
 - ``preempt_latency_ms``: the daemon's ``suspend`` events' ``latency_ms``, p50/p99/max.
+- ``hold_leaks``, ``backstop_stops`` (scenarios with a daemon): suspensions the daemon found
+  not to hold, and the stops (driver lock, signals) it then put behind them.
 - ``b_late_steps``: Case-B steps that completed well into one of Case-A's active periods (the
   daemon's ``active``/``idle`` events), more than 1.5 step times after it began: a held trainer
   may only finish the step it was running (:func:`b_late_steps`).
@@ -164,6 +166,7 @@ def scenario_metrics(
             row["b_suspended_fraction"] = sum(fractions) / len(fractions) if fractions else 0.0
         row["suspensions"] = sum(1 for e in events if e.get("event") == "suspend")
         row["b_late_steps"] = b_late_steps(raw)
+        row.update(held_checks(raw.events))
     else:
         row["preempt_latency_ms"] = None
     if raw.name in MEMORY_SCENARIOS:
@@ -190,6 +193,20 @@ def b_late_steps(raw: RawScenario) -> int | None:
             inside = [t for t in ends if begin <= t <= end]
             late += len(daemon_events.late_steps(inside, periods, stats.percentile(gaps, 50)))
     return late
+
+
+def held_checks(events: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """What the daemon's checks found over the whole scenario: ``hold_leaks``, suspensions
+    found not to hold (``error`` events, apply.py), and ``backstop_stops``, the tasks it then
+    locked or signalled (``backstop`` events)."""
+    return {
+        "hold_leaks": sum(
+            1
+            for e in events
+            if e.get("event") == "error" and "does not hold" in str(e.get("reason", ""))
+        ),
+        "backstop_stops": sum(1 for e in events if e.get("event") == "backstop"),
+    }
 
 
 def _moves(events: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:

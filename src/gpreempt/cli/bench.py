@@ -373,6 +373,12 @@ def _print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
         "which the daemon counted Case-A active (its work went on beside Case-A's)"
     )
     for name, row in results["scenarios"].items():
+        if row.get("hold_leaks"):
+            console.print(
+                f"[bold red]not held[/]: {name}: the daemon found {row['hold_leaks']} "
+                "suspension(s) that did not hold (report.md)"
+            )
+    for name, row in results["scenarios"].items():
         if "a_oom" not in row:
             continue
         oom = row.get("a_oom")
