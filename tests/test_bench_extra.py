@@ -350,7 +350,7 @@ def test_cli_passes_all_and_memory_options(monkeypatch, tmp_path):
         "gpreempt.bench.runner.run_bench",
         lambda config: seen.setdefault("c", config) and {"scenarios": {}},
     )
-    monkeypatch.setattr("gpreempt.cli.bench._print_summary", lambda *a: None)
+    monkeypatch.setattr("gpreempt.cli.bench.print_summary", lambda *a: None)
     argv = [
         "bench",
         "--scenarios",

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from ..errors import MechanismUnavailable, UsageError
+from ._bench_summary import print_summary
 
 EPILOG = """\
 scenarios (a-alone and b-alone are always measured, every ratio needs them):
@@ -314,11 +315,11 @@ def run(args: argparse.Namespace) -> int:
     )
     results = run_bench(config)
     if len(case_b_kinds) == 1:
-        _print_summary(results, config.out_dir)
+        print_summary(results, config.out_dir)
         return 0
     for kind in case_b_kinds:
         folder = config.out_dir / kind
-        _print_summary(json.loads((folder / "results.json").read_text()), folder, kind)
+        print_summary(json.loads((folder / "results.json").read_text()), folder, kind)
     return 0
 
 
@@ -337,59 +338,6 @@ def _case_b_kinds(text: str) -> tuple[str, ...]:
     if len(set(kinds)) != len(kinds):
         raise UsageError(f"--case-b names a trainer twice: {text}")
     return kinds
-
-
-def _print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    beside = f", beside {case_b}" if case_b else ""
-    table = Table(
-        title=f"gpreempt bench{beside} (Case-A P99 ratio: lower is better, 1.0 = as alone)"
-    )
-    columns = ("scenario", "valid", "A P99 ms", "P99 ratio", "B kept", "B late", "A busy", "system")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "scenario" else "right")
-
-    def fmt(value: object, digits: int = 2) -> str:
-        return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
-
-    for name, row in results["scenarios"].items():
-        latency = row.get("a_latency_ms") or {}
-        table.add_row(
-            name,
-            "yes" if row.get("valid") else "NO",
-            fmt(latency.get("p99"), 3),
-            fmt(row.get("a_p99_ratio")),
-            fmt(row.get("b_kept")),
-            fmt(row.get("b_late_steps"), 0),
-            fmt(row.get("a_busy")),
-            fmt(row.get("system_throughput")),
-        )
-    console = Console()
-    console.print(table)
-    console.print(
-        "B late: Case-B's steps that completed more than 1.5 of its steps into a period in "
-        "which the daemon counted Case-A active (its work went on beside Case-A's)"
-    )
-    for name, row in results["scenarios"].items():
-        if row.get("hold_leaks"):
-            console.print(
-                f"[bold red]not held[/]: {name}: the daemon found {row['hold_leaks']} "
-                "suspension(s) that did not hold (report.md)"
-            )
-    for name, row in results["scenarios"].items():
-        if "a_oom" not in row:
-            continue
-        oom = row.get("a_oom")
-        got = "n/a" if oom is None else ("no (out of memory)" if oom else "yes")
-        evict = (row.get("memory_events") or {}).get("evict") or {}
-        console.print(
-            f"{name}: Case-A got its memory: {got}; growth request "
-            f"{fmt(row.get('a_growth_request_ms'), 1)} ms; evictions {evict.get('count', 'n/a')}; "
-            f"Case-B survived: {'yes' if row.get('b_survived') else 'no'}"
-        )
-    console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
 
 
 def _assignments(items: list[str], option: str) -> tuple[tuple[str, str], ...]:
