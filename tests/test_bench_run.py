@@ -277,3 +277,27 @@ def test_a_trainer_named_twice_is_one_line(tmp_path):
     config = _config(tmp_path / "run", ["a-alone"], _workloads(), case_b_kinds=("cupy", "cupy"))
     with pytest.raises(UsageError, match="named twice"):
         run_bench(config)
+
+
+def test_a_run_stopped_midway_keeps_the_repeats_it_finished(tmp_path, monkeypatch):
+    """A bench stopped (SIGTERM, a time limit) in its second repeat still leaves the first
+    repeat's results.json and report, marked as one repeat of the two planned."""
+    out = tmp_path / "run"
+    config = _config(out, ["a-alone", "b-alone", "gpreempt-signal"], _workloads(), repeats=2)
+    from gpreempt.bench import runner
+
+    scenario = runner.run_scenario
+
+    def stop_in_second_repeat(harness, name, where, *args):
+        if where.parent.name == "r1":
+            raise SystemExit(143)
+        return scenario(harness, name, where, *args)
+
+    monkeypatch.setattr(runner, "run_scenario", stop_in_second_repeat)
+    with pytest.raises(SystemExit):
+        run_bench(config)
+
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["params"]["repeats"] == 1 and saved["params"]["repeats_planned"] == 2
+    assert saved["scenarios"]["gpreempt-signal"]["valid"]
+    assert (out / "report.md").exists() and saved["plots"] == []

@@ -184,6 +184,14 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         offsets = poisson_arrivals(config.requests, rate, config.seed)
         (out / "arrivals.json").write_text(json.dumps(offsets))
         memory = _memory_plan(config, names, offsets[-1])
+        facts = {
+            "service_ms": service_ms,
+            "service_s": service_s,
+            "rate": rate,
+            "span_s": offsets[-1],
+            "memory_plan": memory.as_dict() if memory else None,
+            "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
+        }
         harnesses = {
             t.label: Harness(
                 t.workloads,
@@ -233,17 +241,12 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
                     raws[A_AFTER] = shared[A_AFTER]
             for label, raws in per_trainer.items():
                 runs[label].append({n: raws[n] for n in measured})
+            if repeat + 1 < config.repeats:  # a run stopped later keeps the repeats done
+                for t in trainers:
+                    _write_results(config, t, runs[t.label], names, facts, final=False)
     finally:
         bar.close()
 
-    facts = {
-        "service_ms": service_ms,
-        "service_s": service_s,
-        "rate": rate,
-        "span_s": offsets[-1],
-        "memory_plan": memory.as_dict() if memory else None,
-        "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
-    }
     results = [_write_results(config, t, runs[t.label], names, facts) for t in trainers]
     return results[0]
 
@@ -254,8 +257,10 @@ def _write_results(
     runs: list[dict[str, RawScenario]],
     names: Sequence[str],
     facts: dict[str, Any],
+    final: bool = True,
 ) -> dict[str, Any]:
-    """One trainer's results.json, report.md and plots, in its directory."""
+    """One trainer's results.json, report.md and plots, in its directory. Before the last
+    repeat (``final`` false) without plots, and ``params.repeats`` says how many are done."""
     per_repeat = [_rows(raws, names) for raws in runs]
     scenarios = {
         name: combine_memory_flags(
@@ -276,7 +281,8 @@ def _write_results(
         # the trainers whose runs shared Case-A's runs alone (one: none shared)
         "case_b_together": list(config.case_b_kinds) if len(config.case_b_kinds) > 1 else [],
         "scenarios": list(names),
-        "repeats": config.repeats,
+        "repeats": len(runs),
+        "repeats_planned": config.repeats,
         "seed": config.seed,
         "quick": config.quick,
         "warmup_s": workloads.warmup_s,
@@ -302,7 +308,7 @@ def _write_results(
         "scenarios": scenarios,
     }
     trainer.out.mkdir(parents=True, exist_ok=True)
-    results["plots"] = list(all_plots(runs[0], trainer.out))
+    results["plots"] = list(all_plots(runs[0], trainer.out)) if final else []
     (trainer.out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
     (trainer.out / "report.md").write_text(render(results))
     return results
