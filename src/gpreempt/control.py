@@ -63,7 +63,11 @@ offset  type   meaning
                it stayed active in between
 112     u32    barrier_leaks: times the driver-level gate saw its GPU work pass a stream
                barrier while a watched task stayed active (client)
-116     --     (free up to 124)
+116     u32    driver_ns_per_launch: the GPU time per launch the driver-level gate last
+               learned on a stream, in ns; it spaces the barriers and bounds the work in
+               flight (client, statistics)
+120     u32    driver_bound_waits: times a launch waited because more than the window was
+               in flight (client, statistics)
 124     u32    marker: what marks the process's requests without code (client):
                0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
                server's), 3 ``generate`` (Hugging Face generate calls); :data:`MARKERS`
@@ -100,6 +104,8 @@ OFF_DRIVER_BARRIERS = 96
 OFF_DRIVER_STREAMS = 104
 OFF_ACTIVITY_EPOCH = 108
 OFF_BARRIER_LEAKS = 112
+OFF_DRIVER_NS_PER_LAUNCH = 116
+OFF_DRIVER_BOUND_WAITS = 120
 
 #: ``driver_gate`` values.
 DRIVER_NONE, DRIVER_ON, DRIVER_UNAVAILABLE, DRIVER_RELEASED, DRIVER_FAILED = range(5)

@@ -39,8 +39,10 @@ from .control import (
     OFF_BARRIERS_ON,
     OFF_DRIVER_ASLEEP,
     OFF_DRIVER_BARRIERS,
+    OFF_DRIVER_BOUND_WAITS,
     OFF_DRIVER_GATE,
     OFF_DRIVER_LAUNCHES,
+    OFF_DRIVER_NS_PER_LAUNCH,
     OFF_DRIVER_WAITS,
     OFF_GATE_CLOSED,
     OFF_GATE_INSTALLED,
@@ -84,6 +86,8 @@ class ControlStats:
     driver_waits: int = 0
     driver_barriers: int = 0
     driver_asleep: bool = False
+    driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
+    driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
 
 
 class ControlBlock:
@@ -267,6 +271,8 @@ class ControlBlock:
             driver_waits=_U64.unpack_from(self._map, OFF_DRIVER_WAITS)[0],
             driver_barriers=_U64.unpack_from(self._map, OFF_DRIVER_BARRIERS)[0],
             driver_asleep=self._get32(OFF_DRIVER_ASLEEP) != 0,
+            driver_us_per_launch=self._get32(OFF_DRIVER_NS_PER_LAUNCH) / 1e3,
+            driver_bound_waits=self._get32(OFF_DRIVER_BOUND_WAITS),
         )
 
     @property

@@ -161,11 +161,20 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def _gate_stats() -> dict[str, Any] | None:
-    """The launch gate's counters, if this process runs under one (for diagnosis)."""
+    """The launch gate's counters, if this process runs under one (for diagnosis), with the
+    driver-level gate's from the process's control block under ``driver``."""
+    from ..client import session
     from ..client.gate import current_gate
 
     gate = current_gate()
-    return None if gate is None else gate.stats()
+    stats = None if gate is None else dict(gate.stats())
+    own = session.current()
+    if own is not None:
+        block = own.control.stats()
+        if block.driver_gate != "none":
+            stats = stats or {}
+            stats["driver"] = {k: v for k, v in vars(block).items() if k.startswith("driver")}
+    return stats
 
 
 def combined_command(args: argparse.Namespace) -> int:

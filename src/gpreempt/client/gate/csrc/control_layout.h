@@ -31,6 +31,8 @@ constexpr size_t kOffDriverBarriers = 96;   // u64, client
 constexpr size_t kOffDriverStreams = 104;   // u32, client
 constexpr size_t kOffActivityEpoch = 108;   // u32, client (bumped when activity rises)
 constexpr size_t kOffBarrierLeaks = 112;    // u32, client (driver-level gate)
+constexpr size_t kOffDriverNsPerLaunch = 116;  // u32, client (driver-level gate, statistics)
+constexpr size_t kOffDriverBoundWaits = 120;   // u32, client (driver-level gate, statistics)
 constexpr size_t kOffMarker = 124;          // u32, client (what marks its requests)
 
 // gate_closed of a plain closed gate (odd); 2V: closed only while watch list V is active.

@@ -51,13 +51,18 @@ void asleep_barriers(Gate& g, int64_t now) {
     if (st.asleep_marks.size() >= kAsleepMarksMax || capturing(stream)) {
       continue;
     }
+    CUevent before = record_before(g, stream);
     if (!put_barrier(g, ctl, stream)) {
+      give_event(g, before);
       continue;  // its context went away, say: the next try is a millisecond away
     }
     add64(ctl, kOffDriverBarriers, 1);
     Mark m;
     if (record_mark(g, stream, st.asleep_marks, &m)) {
+      m.before = before;
       st.asleep_marks.push_back(m);
+    } else {
+      give_event(g, before);
     }
   }
 }
@@ -82,6 +87,9 @@ void discover_streams(Gate& g, int64_t now) {
 void drop_asleep_marks(StreamState& st) {
   for (Mark& m : st.asleep_marks) {
     cu()->cuEventDestroy(m.event);
+    if (m.before != nullptr) {
+      cu()->cuEventDestroy(m.before);
+    }
   }
   st.asleep_marks.clear();
 }

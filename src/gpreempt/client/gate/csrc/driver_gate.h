@@ -67,7 +67,10 @@ constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
 // One barrier's event and the launches of its span.
 struct Mark {
-  CUevent event = nullptr;
+  CUevent event = nullptr;  // behind the mark's barrier: the GPU got past it
+  // before the barrier (null without one): the span to it from the previous mark's `event`
+  // is the launches' GPU time alone, without the time the barrier held the stream
+  CUevent before = nullptr;
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
@@ -221,6 +224,8 @@ void give_event(Gate& g, CUevent e);
 // An event recorded on `stream` now, as the next of `marks` (mu held): false where it could not
 // be recorded.
 bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out);
+// An event recorded on `stream` now, before a barrier (mu held); null where it could not be.
+CUevent record_before(Gate& g, CUstream stream);
 // Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(ms, later)`
 // gets the GPU time between two marks the GPU ran through back to back (the first still pending
 // when the later was put).
@@ -233,11 +238,13 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
       return;
     }
     float ms = 0.0f;
-    if (second.gpu_was_busy &&
-        cu()->cuEventElapsedTime(&ms, first.event, second.event) == CUDA_SUCCESS && ms >= 0.0f) {
+    const CUevent end = second.before != nullptr ? second.before : second.event;
+    if (second.gpu_was_busy && cu()->cuEventElapsedTime(&ms, first.event, end) == CUDA_SUCCESS &&
+        ms >= 0.0f) {
       span(ms, second);
     }
     give_event(g, first.event);
+    give_event(g, first.before);
     marks.pop_front();
   }
 }

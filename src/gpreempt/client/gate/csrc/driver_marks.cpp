@@ -102,6 +102,10 @@ void reap(Gate& g, StreamState& st) {
     }
     const double ns = ms * 1e6 / static_cast<double>(later.launches);
     st.ns_per_launch = st.ns_per_launch == 0.0 ? ns : 0.8 * st.ns_per_launch + 0.2 * ns;
+    if (uint8_t* ctl = g.ctl.load(std::memory_order_relaxed)) {
+      store32(ctl, kOffDriverNsPerLaunch,
+              static_cast<uint32_t>(std::min(st.ns_per_launch, 4e9)));
+    }
     const double want = g.cfg.barrier_us * 1000.0 / std::max(st.ns_per_launch, 1.0);
     st.spacing = static_cast<uint64_t>(std::clamp(want, 1.0, 4096.0));
   });
@@ -129,11 +133,25 @@ bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* 
   return true;
 }
 
-// Mark the stream: a barrier where one holds, an event behind it, and the window enforced.
+CUevent record_before(Gate& g, CUstream stream) {
+  CUevent e = take_event(g);
+  if (e != nullptr && cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
+    give_event(g, e);
+    return nullptr;
+  }
+  return e;
+}
+
+// Mark the stream: a barrier where one holds, with events before and behind it, and the window
+// enforced. Before, the spans ended behind the barriers: while a server ran, a barrier that held
+// the stream for its request added that time to the launches' GPU time, and the per-launch
+// estimate grew many times over, shrinking the barriers' spacing and the window with it.
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed;
   BarrierNote note;
+  CUevent before = nullptr;
   if (barriers_hold(g, ctl)) {
+    before = record_before(g, stream);
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
     } else if (g.barriers_ok.exchange(false)) {
@@ -144,14 +162,18 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   }
   Mark m;
   if (!record_mark(g, stream, st.marks, &m)) {
+    give_event(g, before);
     return;
   }
+  m.before = before;
   m.launches = st.since_mark;
   push_mark(st, m, note);
   st.since_mark = 0;
   reap(g, st);
   while (st.ns_per_launch > 0 && st.marks.size() > 1 &&
          in_flight_ns(st) > g.cfg.window_ms * 1e6) {
+    __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
+                       __ATOMIC_RELAXED);
     CUevent oldest = st.marks[1].event;
     {
       NoGil nogil;
@@ -172,6 +194,9 @@ void forget_stream(CUstream stream) {
   }
   for (Mark& m : it->second.marks) {
     cu()->cuEventDestroy(m.event);  // released once its work completed
+    if (m.before != nullptr) {
+      cu()->cuEventDestroy(m.before);
+    }
   }
   drop_asleep_marks(it->second);
   g.streams.erase(it);
