@@ -39,7 +39,7 @@ def selftest(*mechanisms: str) -> dict:
 
 
 def _barriers_held(row: dict) -> None:
-    assert row["verdict"] == "works", row
+    assert row["verdict"] == "works", f"{row['verdict']}: {row.get('note')} ({row})"
     assert row["pending"] > 0 and row["drained"] <= BARRIER_MAX_STEPS, row
     assert row["drain_ms"] < 100, row  # a step or two of 10 ms, not the queue
 
@@ -52,7 +52,7 @@ def test_the_gate_holds_gpu_work_and_its_barriers_hold_a_queued_kernel() -> None
 
 def test_signal_stops_the_process_and_says_the_gpu_ran_on() -> None:
     row = selftest("signal")["signal"]
-    assert row["verdict"] == "works", row
+    assert row["verdict"] == "works", f"{row['verdict']}: {row.get('note')} ({row})"
 
 
 @pytest.mark.skipif(not NVIDIA, reason="the driver lock is NVIDIA's")
@@ -68,7 +68,7 @@ def test_the_driver_lock_is_judged_from_the_gpu() -> None:
 @pytest.mark.skipif(not AMD, reason="kfd is AMD's")
 def test_kfd_holds_the_queues_with_work_pending() -> None:
     row = selftest("kfd")["kfd"]
-    assert row["verdict"] == "works", row
+    assert row["verdict"] == "works", f"{row['verdict']}: {row.get('note')} ({row})"
     assert row["queues"] > 0 and row["pending"] > 0
 
 
