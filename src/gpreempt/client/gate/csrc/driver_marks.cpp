@@ -143,9 +143,9 @@ CUevent record_before(Gate& g, CUstream stream) {
 }
 
 // Mark the stream: a barrier where one holds, with events before and behind it, and the window
-// enforced. Before, the spans ended behind the barriers: while a server ran, a barrier that held
-// the stream for its request added that time to the launches' GPU time, and the per-launch
-// estimate grew many times over, shrinking the barriers' spacing and the window with it.
+// enforced. The span learned ends before the barrier: the time a barrier held the stream (for a
+// server's request) is no GPU time of the launches, and counted as such it would shrink the
+// barriers' spacing and the window.
 void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed;
   BarrierNote note;
@@ -170,10 +170,13 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   push_mark(st, m, note);
   st.since_mark = 0;
   reap(g, st);
-  while (st.ns_per_launch > 0 && st.marks.size() > 1 &&
-         in_flight_ns(st) > g.cfg.window_ms * 1e6) {
-    __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
-                       __ATOMIC_RELAXED);
+  for (bool counted = false; st.ns_per_launch > 0 && st.marks.size() > 1 &&
+                            in_flight_ns(st) > g.cfg.window_ms * 1e6;
+       counted = true) {
+    if (!counted) {
+      __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
+                         __ATOMIC_RELAXED);
+    }
     CUevent oldest = st.marks[1].event;
     {
       NoGil nogil;
