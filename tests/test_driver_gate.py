@@ -18,6 +18,7 @@ import pytest
 from conftest import gpreempt, spawn, stop_all, wait_for
 
 from gpreempt.client.gate import driver, driver_build
+from gpreempt.errors import UsageError
 
 
 def _library() -> Path:
@@ -33,6 +34,21 @@ def test_settings_follow_priority_and_mechanism() -> None:
     assert not driver.driver_config_for(100, closes_gate=True).bound  # nothing preempts it
     assert not driver.driver_config_for(-100, closes_gate=False).bound  # signal, lock: no gate
     assert low.environment()["GPREEMPT_DRIVER_BOUND"] == "1"
+
+
+def test_the_barrier_spacing_the_user_set_reaches_the_driver_level_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPREEMPT_GATE_BARRIER_MS spaces the driver-level gate's barriers as it does the
+    operator gate's; 0 puts none; a bad value is one line naming the variable."""
+    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_BARRIER_US"] == "100"
+    monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "0.4")
+    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_BARRIER_US"] == "400"
+    monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "0")
+    assert driver.driver_config_for(-100, True).barrier_us == 0
+    monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "fast")
+    with pytest.raises(UsageError, match="GPREEMPT_GATE_BARRIER_MS='fast' is not a number"):
+        driver.driver_config_for(-100, True)
 
 
 def test_a_variable_the_user_set_is_kept_and_said() -> None:

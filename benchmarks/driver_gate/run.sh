@@ -11,8 +11,9 @@
 # bench run: Case-A is measured alone once per repeat for all of them; each trainer's results go
 # where its own group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
 # request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier from
-# which the default grace was chosen). REPEATS (default 3) repeats; REQUESTS (default 1000) requests
-# of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
+# which the default grace was chosen), spacing (light with the trainer's barriers spaced by each of
+# SPACINGS ms of GPU time, default "0.1 0.2 0.4": what they cost it). REPEATS (default 3) repeats;
+# REQUESTS (default 1000) requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
 # gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed, and
 # what held_progress.py reads of each run.
@@ -77,6 +78,9 @@ for group in "$@"; do
           cell "$trainer-grace-$grace" --case-b "$trainer" --scenarios gpreempt-no-request \
             --env-a "GPREEMPT_IDLE_GRACE_MS=$grace"
         done
+      done ;;
+    spacing) for ms in ${SPACINGS:-0.1 0.2 0.4}; do
+        cell "light-barriers-$ms" --case-b transformer-sync --env-b "GPREEMPT_GATE_BARRIER_MS=$ms"
       done ;;
     together) kinds=${TRAINERS:-transformer-sync transformer-compiled cupy-torch jax-torch}
       n=$(echo $kinds | wc -w)

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, idle_grace_ms
+from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, idle_grace_ms
+from .config import ENV_BARRIER_MS
 
 #: The variable the CUDA driver reads at cuInit.
 ENV_INJECTION = "CUDA_INJECTION64_PATH"
@@ -65,11 +66,18 @@ class DriverConfig:
 def driver_config_for(priority: int, closes_gate: bool) -> DriverConfig:
     """The settings for a task of this priority whose mechanism does (or not) stop it by its
     gate: tasks below ``high`` hold a bounded queue behind barriers; every task tells its
-    activity from its launches."""
+    activity from its launches. ``GPREEMPT_GATE_BARRIER_MS`` spaces the barriers as it does the
+    operator gate's (0: none); UsageError, naming it, for a value that is no number >= 0."""
     from ...priority import NAMED
 
     bound = closes_gate and priority < NAMED["high"]
-    return DriverConfig(bound=bound, auto_activity=True, idle_grace_ms=idle_grace_ms(bound))
+    barrier_ms = env_number(ENV_BARRIER_MS, float, 0, "ms")
+    return DriverConfig(
+        bound=bound,
+        auto_activity=True,
+        barrier_us=BARRIER_US if barrier_ms is None else barrier_ms * 1000.0,
+        idle_grace_ms=idle_grace_ms(bound),
+    )
 
 
 def command_environment(
