@@ -353,6 +353,12 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         "driver_launches": sum(c.driver_launches for c in task.controls.values()),
         "driver_barriers": sum(c.stats().driver_barriers for c in task.controls.values()),
         "driver_waits": sum(c.stats().driver_waits for c in task.controls.values()),
+        # launches that waited for its window (25 ms of GPU work in flight) to drain, and the
+        # GPU time per launch it spaces its barriers by (the largest of its processes')
+        "driver_bound_waits": sum(c.stats().driver_bound_waits for c in task.controls.values()),
+        "driver_us_per_launch": max(
+            (c.stats().driver_us_per_launch for c in task.controls.values()), default=0.0
+        ),
         # its callbacks are off (barriers put by its thread)
         "driver_asleep": any(c.stats().driver_asleep for c in task.controls.values()),
         # its GPU work passed a stream barrier while a task it watches stayed active
