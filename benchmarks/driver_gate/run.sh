@@ -13,7 +13,9 @@
 # request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier from
 # which the default grace was chosen), spacing (light with the trainer's barriers spaced by each of
 # SPACINGS ms of GPU time, default "0.1 0.2 0.4": what they cost it). REPEATS (default 3) repeats;
-# REQUESTS (default 1000) requests of Case-A per scenario. Each cell's results.json goes to $OUT/<cell>/
+# REQUESTS (default 1000) requests of Case-A per scenario. DEADLINE_S (seconds from the start,
+# unset: none) stops a bench in time for its cell to be kept: a bench stopped keeps the repeats
+# it finished. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
 # gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed, and
 # what held_progress.py reads of each run.
@@ -26,8 +28,14 @@ work=/tmp/gpreempt-driver
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
+started=$(date +%s)
 bench() {  # folder under $work, time limit (s), bench options...
   local name=$1 limit=$2; shift 2
+  if [ -n "${DEADLINE_S:-}" ]; then
+    local left=$((DEADLINE_S - ($(date +%s) - started) - 20))
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 30 ] && { echo "$name: skipped, DEADLINE_S is near"; return 1; }
+  fi
   rm -rf "$work/$name"
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
     --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
