@@ -21,7 +21,8 @@
 # and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
 # GENERATE_REQUESTS requests, default 400, the other servers cells SERVER_REQUESTS, default
 # 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py prints it); a table is
-# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json.
+# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json. DEADLINE_S
+# (seconds from the start, unset: none) stops a bench in time: it keeps the repeats it finished.
 set -u
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -30,8 +31,14 @@ unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 work=/tmp/gpreempt-defaults
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
+started=$(date +%s)
 cell() {  # name, timeout s, bench options...
   local name=$1 limit=$2; shift 2
+  if [ -n "${DEADLINE_S:-}" ]; then  # stop in time to keep what the bench finished
+    local left=$((DEADLINE_S - ($(date +%s) - started) - 20))
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 30 ] && { echo "$name: skipped, DEADLINE_S is near"; return 1; }
+  fi
   rm -rf "$work/$name"
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests 1000 "$@" \
     --out "$work/$name" > "$work/$name.log" 2>&1
