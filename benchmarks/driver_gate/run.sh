@@ -55,7 +55,7 @@ keep() {  # cell name, the bench folder it ran in
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
     echo "  $(basename "$kept"): $(python3 benchmarks/driver_gate/held_progress.py "$kept" 2>&1 |
-      sed -n 2p)"
+      sed -n '2p;/holds no trainer/p')"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
     grep -c 'does not hold'), backstop locks: $(cat $(find "$dir" -name events.jsonl) \
