@@ -273,3 +273,27 @@ def test_the_report_names_suspensions_that_did_not_hold():
     assert "## Suspensions that did not hold" in text and "`gpreempt`: 2 found" in text
     text = report.render({"params": {}, "scenarios": {"gpreempt": {**row, "hold_leaks": 0}}})
     assert "did not hold" not in text
+
+
+def test_case_bs_gate_counters_are_summed_over_its_processes():
+    """What each trainer's gates counted reaches results.json: summed over the processes, the
+    GPU time per launch the driver-level gate spaced its barriers by as the largest."""
+    driver = {"driver_gate": "on", "driver_launches": 100, "driver_barriers": 40,
+              "driver_waits": 3, "driver_bound_waits": 0, "driver_us_per_launch": 35.0}  # fmt: skip
+    trains = [
+        {"gate": {"launches": 15, "barriers_put": 0, "waits": 1, "driver": driver}},
+        {"gate": {"launches": 10, "waits": 2, "driver": {**driver, "driver_us_per_launch": 5.0}}},
+        {"gate": None},  # a process without a gate
+    ]
+    counters = scenario_metrics.b_gate_counters(trains)
+    assert counters == {
+        "launches": 25, "barriers_put": 0, "waits": 3, "driver_launches": 200,
+        "driver_barriers": 80, "driver_waits": 6, "driver_bound_waits": 0,
+        "driver_us_per_launch": 35.0,
+    }  # fmt: skip
+    only_operator = scenario_metrics.b_gate_counters([{"gate": {"launches": 7}}])
+    assert only_operator == {"launches": 7, "barriers_put": 0, "waits": 0}
+    assert scenario_metrics.b_gate_counters([{"step_end_t": [1.0]}]) is None
+    raw = _raw("gpreempt", [0.0, 0.1], [0.004, 0.104], steps=[[0.01, 0.02]])
+    raw.trains[0]["gate"] = trains[0]["gate"]
+    assert scenario_metrics.scenario_metrics(raw, None, None)["b_gate"]["driver_launches"] == 100

@@ -167,6 +167,7 @@ def scenario_metrics(
         row["suspensions"] = sum(1 for e in events if e.get("event") == "suspend")
         row["b_late_steps"] = b_late_steps(raw)
         row.update(held_checks(raw.events))
+        row["b_gate"] = b_gate_counters(raw.trains)
     else:
         row["preempt_latency_ms"] = None
     if raw.name in MEMORY_SCENARIOS:
@@ -193,6 +194,28 @@ def b_late_steps(raw: RawScenario) -> int | None:
             inside = [t for t in ends if begin <= t <= end]
             late += len(daemon_events.late_steps(inside, periods, stats.percentile(gaps, 50)))
     return late
+
+
+#: The launch gates' counters each Case-B process writes as it stops (its ``gate`` record,
+#: workloads.py): summed over the processes, but the GPU time per launch, the largest.
+OPERATOR_COUNTERS = ("launches", "barriers_put", "waits")
+DRIVER_COUNTERS = ("driver_launches", "driver_barriers", "driver_waits", "driver_bound_waits")
+
+
+def b_gate_counters(trains: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How Case-B's gates spent the scenario: the operator gate's launches, barriers and
+    waits, and the driver-level gate's, with the GPU time per launch its barriers were spaced
+    by (``driver_us_per_launch``). None where no process ran under a gate."""
+    gates = [t["gate"] for t in trains if isinstance(t.get("gate"), Mapping)]
+    if not gates:
+        return None
+    out: dict[str, Any] = {k: sum(int(g.get(k) or 0) for g in gates) for k in OPERATOR_COUNTERS}
+    drivers = [g["driver"] for g in gates if isinstance(g.get("driver"), Mapping)]
+    if drivers:
+        out.update({k: sum(int(d.get(k) or 0) for d in drivers) for k in DRIVER_COUNTERS})
+        costs = [float(d.get("driver_us_per_launch") or 0) for d in drivers]
+        out["driver_us_per_launch"] = max(costs)
+    return out
 
 
 def held_checks(events: Sequence[Mapping[str, Any]]) -> dict[str, int]:
