@@ -37,6 +37,7 @@ HOMONYMS: dict[tuple[str, str], str] = {
     ("gpreempt.bench.servers", "auto"): "that server",
     ("gpreempt.cli.queues", "kfd"): "/dev/kfd, the AMD GPU device node",
     ("gpreempt.bench.workloads", "gate"): "a workload's field of gate counters",
+    ("gpreempt.bench.scenario_metrics", "gate"): "that field, read",
     ("gpreempt.client.gate.build", "lock"): "the build directory's lock file",
     ("gpreempt.client.launcher", "signal"): "the selector key of the launcher's signal pipe",
 }
