@@ -31,14 +31,11 @@ unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 work=/tmp/gpreempt-defaults
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
-started=$(date +%s)
+source benchmarks/deadline.sh
 cell() {  # name, timeout s, bench options...
-  local name=$1 limit=$2; shift 2
-  if [ -n "${DEADLINE_S:-}" ]; then  # stop in time to keep what the bench finished
-    local left=$((DEADLINE_S - ($(date +%s) - started) - 20))
-    [ "$left" -lt "$limit" ] && limit=$left
-    [ "$limit" -lt 30 ] && { echo "$name: skipped, DEADLINE_S is near"; return 1; }
-  fi
+  local name=$1 limit
+  limit=$(deadline_limit "$2") || { echo "$name: skipped, DEADLINE_S is near"; return 1; }
+  shift 2
   rm -rf "$work/$name"
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests 1000 "$@" \
     --out "$work/$name" > "$work/$name.log" 2>&1

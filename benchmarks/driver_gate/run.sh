@@ -28,14 +28,11 @@ work=/tmp/gpreempt-driver
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
-started=$(date +%s)
+source benchmarks/deadline.sh
 bench() {  # folder under $work, time limit (s), bench options...
-  local name=$1 limit=$2; shift 2
-  if [ -n "${DEADLINE_S:-}" ]; then
-    local left=$((DEADLINE_S - ($(date +%s) - started) - 20))
-    [ "$left" -lt "$limit" ] && limit=$left
-    [ "$limit" -lt 30 ] && { echo "$name: skipped, DEADLINE_S is near"; return 1; }
-  fi
+  local name=$1 limit
+  limit=$(deadline_limit "$2") || { echo "$name: skipped, DEADLINE_S is near"; return 1; }
+  shift 2
   rm -rf "$work/$name"
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
     --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
