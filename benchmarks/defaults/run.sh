@@ -15,7 +15,8 @@
 # request(); the eager ResNet-50 behind FastAPI under uvicorn, a request one HTTP POST from the
 # open-loop Poisson client, its requests marked with no code, unmarked with
 # GPREEMPT_AUTO_REQUESTS=0, and with request() by hand; HTTP_FN=gpreempt.bench.servers:gpt2_generate
-# serves GPT-2 over HTTP instead; needs fastapi, uvicorn and, for generate, transformers).
+# serves GPT-2 over HTTP instead; SERVER_CELLS picks among eager http http-unmarked
+# http-by-hand generate, default all; needs fastapi, uvicorn and, for generate, transformers).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
@@ -106,18 +107,22 @@ for group in "$@"; do
     servers)
       python3 -c "import fastapi, uvicorn, transformers" 2>/dev/null \
         || echo "servers: pip install fastapi uvicorn transformers first"
-      cell servers-eager 570 --repeats "$REPEATS" --requests "${SERVER_REQUESTS:-1000}" \
-        --case-a eager --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request
-      for marking in http http_unmarked http_by_hand; do
-        GPREEMPT_BENCH_HTTP_FN=${HTTP_FN:-gpreempt.bench.servers:resnet_eager} \
-          cell "servers-${marking//_/-}" 720 --repeats "$REPEATS" \
-          --requests "${SERVER_REQUESTS:-1000}" --case-a-fn "gpreempt.bench.servers:$marking" \
-          --case-b transformer-sync \
-          --scenarios gpreempt-no-request
-      done
-      GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 --repeats "$REPEATS" \
-        --requests "${GENERATE_REQUESTS:-400}" --case-a-fn gpreempt.bench.servers:gpt2_generate \
-        --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request ;;
+      for server in ${SERVER_CELLS:-eager http http-unmarked http-by-hand generate}; do
+        case $server in
+          eager) cell servers-eager 570 --repeats "$REPEATS" --requests "${SERVER_REQUESTS:-1000}" \
+              --case-a eager --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request ;;
+          http|http-unmarked|http-by-hand)
+            GPREEMPT_BENCH_HTTP_FN=${HTTP_FN:-gpreempt.bench.servers:resnet_eager} \
+              cell "servers-$server" 720 --repeats "$REPEATS" \
+              --requests "${SERVER_REQUESTS:-1000}" --case-a-fn "gpreempt.bench.servers:${server//-/_}" \
+              --case-b transformer-sync --scenarios gpreempt-no-request ;;
+          generate) GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 \
+              --repeats "$REPEATS" --requests "${GENERATE_REQUESTS:-400}" \
+              --case-a-fn gpreempt.bench.servers:gpt2_generate --case-b transformer-sync \
+              --scenarios gpreempt,gpreempt-no-request ;;
+          *) echo "unknown server cell $server"; exit 2 ;;
+        esac
+      done ;;
     *) echo "unknown group $group"; exit 2 ;;
   esac
 done

@@ -3,7 +3,8 @@
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
-# Groups: cost (launch_cost.py), hold (hold_latency.py), light (the eager Transformer that reads its
+# Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of
+# a barrier cost the GPU and the CPU), light (the eager Transformer that reads its
 # loss every step), operator-only (light with the trainer's operator gate alone, no driver-level
 # gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch,
 # compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the built-in
@@ -70,6 +71,8 @@ cell_name() {  # the cell a built-in trainer's results go to
 }
 for group in "$@"; do
   case $group in
+    marks) nvcc -O2 -o "$work/barrier_cost" benchmarks/driver_gate/barrier_cost.cu -lcuda &&
+      timeout 120 "$work/barrier_cost" | tee "$OUT/barrier_cost.txt" ;;
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \

@@ -53,16 +53,16 @@ void asleep_barriers(Gate& g, int64_t now) {
     }
     CUevent before = record_before(g, stream);
     if (!put_barrier(g, ctl, stream)) {
-      give_event(g, before);
+      give_event(g, before, true);
       continue;  // its context went away, say: the next try is a millisecond away
     }
     add64(ctl, kOffDriverBarriers, 1);
     Mark m;
-    if (record_mark(g, stream, st.asleep_marks, &m)) {
+    if (record_mark(g, stream, st.asleep_marks, &m, true)) {
       m.before = before;
       st.asleep_marks.push_back(m);
     } else {
-      give_event(g, before);
+      give_event(g, before, true);
     }
   }
 }

@@ -65,11 +65,18 @@ constexpr size_t kAsleepMarksMax = 64;
 constexpr int64_t kDiscoverNs = 5 * 1000 * 1000;
 constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
+// A launch's marks time one span in kTimedEvery: a timed event costs the GPU about 1.8 us where
+// an untimed one costs it nothing (H100), and a mark every few launches made timing the largest
+// part of a barrier's cost.
+constexpr uint64_t kTimedEvery = 8;
+
 // One barrier's event and the launches of its span.
 struct Mark {
   CUevent event = nullptr;  // behind the mark's barrier: the GPU got past it
-  // before the barrier (null without one): the span to it from the previous mark's `event`
-  // is the launches' GPU time alone, without the time the barrier held the stream
+  bool timed = false;       // `event` keeps a timestamp: a span starts there
+  // a timed event before the barrier, put where the previous mark's `event` is timed (null
+  // otherwise): the span to it is the launches' GPU time alone, without the time the barrier
+  // held the stream
   CUevent before = nullptr;
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
@@ -119,7 +126,9 @@ struct Gate {
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<CUstream, StreamState> streams;
-  std::deque<CUevent> spare_events;
+  std::deque<CUevent> spare_events;  // timed
+  std::deque<CUevent> spare_plain;   // untimed (CU_EVENT_DISABLE_TIMING)
+  std::atomic<bool> batch_ok{true};  // cuStreamBatchMemOp puts a barrier's waits in one call
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
 };
 
@@ -140,6 +149,7 @@ Gate& gate();
   X(cuEventSynchronize)                                                                \
   X(cuMemHostGetDevicePointer)                                                         \
   X(cuMemHostRegister)                                                                 \
+  X(cuStreamBatchMemOp)                                                                \
   X(cuStreamIsCapturing)                                                               \
   X(cuStreamWaitValue32)                                                               \
   X(cuThreadExchangeStreamCaptureMode)
@@ -219,16 +229,16 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 // tasks' activity words; `note` (if given) says what its last wait is. False where it could
 // not be put.
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
-CUevent take_event(Gate& g);
-void give_event(Gate& g, CUevent e);
-// An event recorded on `stream` now, as the next of `marks` (mu held): false where it could not
-// be recorded.
-bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out);
+CUevent take_event(Gate& g, bool timed);
+void give_event(Gate& g, CUevent e, bool timed);
+// An event recorded on `stream` now, as the next of `marks`, timed or not (mu held): false
+// where it could not be recorded.
+bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out, bool timed);
 // An event recorded on `stream` now, before a barrier (mu held); null where it could not be.
 CUevent record_before(Gate& g, CUstream stream);
 // Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(ms, later)`
 // gets the GPU time between two marks the GPU ran through back to back (the first still pending
-// when the later was put).
+// when the later was put), where the first is timed.
 template <class Span>
 void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
   while (marks.size() > 1) {
@@ -238,13 +248,15 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
       return;
     }
     float ms = 0.0f;
-    const CUevent end = second.before != nullptr ? second.before : second.event;
-    if (second.gpu_was_busy && cu()->cuEventElapsedTime(&ms, first.event, end) == CUDA_SUCCESS &&
-        ms >= 0.0f) {
+    const CUevent end = second.before != nullptr ? second.before
+                        : second.timed          ? second.event
+                                                : nullptr;
+    if (first.timed && end != nullptr && second.gpu_was_busy &&
+        cu()->cuEventElapsedTime(&ms, first.event, end) == CUDA_SUCCESS && ms >= 0.0f) {
       span(ms, second);
     }
-    give_event(g, first.event);
-    give_event(g, first.before);
+    give_event(g, first.event, first.timed);
+    give_event(g, first.before, true);
     marks.pop_front();
   }
 }

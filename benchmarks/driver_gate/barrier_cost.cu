@@ -1,0 +1,103 @@
+// What the parts of the driver-level gate's mark cost: a loop of spinning kernels (5 us and
+// 30 us, 132 blocks) on one stream, with a mark after every second launch built of each part
+// in turn (timed and untimed events, waits on a host-mapped or a device word, one by one or in
+// one cuStreamBatchMemOp call, the gate's mark as it was and as it is). Per mark against no
+// mark, by the median of 4 interleaved rounds: the wall time of the loop with its GPU work
+// (what the GPU loses) and the loop's own CPU time. The gate's marks now are
+// the last row, and one in 8 adds two timed events.
+//   nvcc -O2 -o barrier_cost benchmarks/driver_gate/barrier_cost.cu -lcuda && ./barrier_cost
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+#include <algorithm>
+
+__global__ void spin(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { printf("err %d at %s\n", r_, #x); exit(1);} } while (0)
+
+static double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int main() {
+  const int N = 4000, S = 2;
+  cudaFree(0);
+  CUstream s;
+  CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  unsigned* host = nullptr;
+  CK(cuMemHostAlloc((void**)&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  memset(host, 0, 4096);
+  CUdeviceptr hdev;
+  CK(cuMemHostGetDevicePointer(&hdev, host, 0));
+  CUdeviceptr ddev;
+  CK(cuMemAlloc(&ddev, 4096));
+  CK(cuMemsetD8(ddev, 0, 4096));
+  std::vector<CUevent> evt(2 * N), evd(2 * N);
+  for (auto& e : evt) CK(cuEventCreate(&e, CU_EVENT_DEFAULT));
+  for (auto& e : evd) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  const char* names[] = {"none", "ev-timing x2", "ev-notiming x2", "wait-host x1", "wait-host x3",
+                         "batch-host x3", "wait-dev x3", "ev+3w+ev (before)", "ev+batch3+ev",
+                         "batch3+untimed ev (now)"};
+  const int V = sizeof(names) / sizeof(names[0]);
+  for (unsigned long long kns : {5000ull, 30000ull}) {
+    std::vector<std::vector<double>> wall(V), cpu(V);
+    for (int rep = 0; rep < 4; ++rep) {
+      for (int v = 0; v < V; ++v) {
+        cuStreamSynchronize(s);
+        int ei = 0;
+        double t0 = now_s();
+        for (int i = 0; i < N; ++i) {
+          spin<<<132, 128, 0, (cudaStream_t)s>>>(kns);
+          if ((i + 1) % S != 0) continue;
+          CUstreamBatchMemOpParams p[3];
+          memset(p, 0, sizeof(p));
+          for (int k = 0; k < 3; ++k) {
+            p[k].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+            p[k].waitValue.address = hdev + 4 * k;
+            p[k].waitValue.value = 0;
+            p[k].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+          }
+          switch (v) {
+            case 0: break;
+            case 1: CK(cuEventRecord(evt[ei++], s)); CK(cuEventRecord(evt[ei++], s)); break;
+            case 2: CK(cuEventRecord(evd[ei++], s)); CK(cuEventRecord(evd[ei++], s)); break;
+            case 3: CK(cuStreamWaitValue32(s, hdev, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
+            case 4: for (int k = 0; k < 3; ++k) CK(cuStreamWaitValue32(s, hdev + 4 * k, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
+            case 5: CK(cuStreamBatchMemOp(s, 3, p, 0)); break;
+            case 6: for (int k = 0; k < 3; ++k) CK(cuStreamWaitValue32(s, ddev + 4 * k, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
+            case 7:
+              CK(cuEventRecord(evt[ei++], s));
+              for (int k = 0; k < 3; ++k) CK(cuStreamWaitValue32(s, hdev + 4 * k, 0, CU_STREAM_WAIT_VALUE_EQ));
+              CK(cuEventRecord(evt[ei++], s));
+              break;
+            case 8: CK(cuEventRecord(evt[ei++], s)); CK(cuStreamBatchMemOp(s, 3, p, 0)); CK(cuEventRecord(evt[ei++], s)); break;
+            case 9: CK(cuStreamBatchMemOp(s, 3, p, 0)); CK(cuEventRecord(evd[ei++], s)); break;
+          }
+        }
+        double t1 = now_s();
+        CK(cuStreamSynchronize(s));
+        double t2 = now_s();
+        wall[v].push_back(t2 - t0);
+        cpu[v].push_back(t1 - t0);
+      }
+    }
+    const int marks = N / S;
+    auto med = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return (x[1] + x[2]) / 2; };
+    printf("kernel %llu us, %d launches, a mark every %d (%d marks); per mark vs none:\n", kns / 1000, N, S, marks);
+    for (int v = 0; v < V; ++v) {
+      printf("  %-20s wall %8.2f ms (+%6.2f us/mark)  cpu loop %8.2f ms (+%6.2f us/mark)\n", names[v],
+             med(wall[v]) * 1e3, (med(wall[v]) - med(wall[0])) * 1e6 / marks, med(cpu[v]) * 1e3,
+             (med(cpu[v]) - med(cpu[0])) * 1e6 / marks);
+    }
+  }
+  return 0;
+}
