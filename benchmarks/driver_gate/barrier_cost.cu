@@ -3,8 +3,10 @@
 // in turn (timed and untimed events, waits on a host-mapped or a device word, one by one or in
 // one cuStreamBatchMemOp call, the gate's mark as it was and as it is). Per mark against no
 // mark, by the median of 4 interleaved rounds: the wall time of the loop with its GPU work
-// (what the GPU loses) and the loop's own CPU time. The gate's marks now are
-// the last row, and one in 8 adds two timed events.
+// (what the GPU loses) and the loop's own time until it has queued everything. The loop
+// outruns its GPU, and its launches then wait for room in the queue: that second column is
+// paced by the GPU and does not measure the marks' CPU cost. The gate's marks now are the
+// last row, and one in 8 adds two timed events.
 //   nvcc -O2 -o barrier_cost benchmarks/driver_gate/barrier_cost.cu -lcuda && ./barrier_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
