@@ -65,9 +65,9 @@ constexpr size_t kAsleepMarksMax = 64;
 constexpr int64_t kDiscoverNs = 5 * 1000 * 1000;
 constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
-// A launch's marks time one span in kTimedEvery: a timed event costs the GPU about 1.8 us where
-// an untimed one costs it nothing (H100), and a mark every few launches made timing the largest
-// part of a barrier's cost.
+// One mark in kTimedEvery starts a timed span: a timed event costs an H100 about 1.8 us where an
+// untimed one costs it nothing measurable, and with a mark every few launches timing them all
+// was the larger part of what the marks cost (benchmarks/driver_gate/barrier_cost.cu).
 constexpr uint64_t kTimedEvery = 8;
 
 // One barrier's event and the launches of its span.

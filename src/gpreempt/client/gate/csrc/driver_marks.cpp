@@ -57,10 +57,6 @@ CUdeviceptr device_word(Gate& g, const uint8_t* word, bool read_only) {
   return it->second + (reinterpret_cast<uintptr_t>(word) - page);
 }
 
-}  // namespace
-
-namespace {
-
 // One wait of a barrier: until the word at `address` compares as `flags` says with `value`.
 CUstreamBatchMemOpParams wait_op(CUdeviceptr address, uint32_t value, unsigned flags) {
   CUstreamBatchMemOpParams op{};
@@ -71,8 +67,8 @@ CUstreamBatchMemOpParams wait_op(CUdeviceptr address, uint32_t value, unsigned f
   return op;
 }
 
-// Queues `ops` on `stream`: in one call where the driver takes it (each wait then costs the GPU
-// about 1.4 us instead of 2, and the CPU one call instead of several), else one by one.
+// Queues `ops` on `stream`: in one call where the driver takes it (three waits then cost an
+// H100 4.5 us instead of 6.3, and the CPU one call instead of three), else one by one.
 CUresult queue_waits(Gate& g, CUstream stream, CUstreamBatchMemOpParams* ops, unsigned n) {
   if (g.batch_ok.load(std::memory_order_relaxed)) {
     const CUresult r = cu()->cuStreamBatchMemOp(stream, n, ops, 0);
@@ -100,6 +96,9 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   if (own == 0) {
     return false;
   }
+  if (note != nullptr) {
+    *note = BarrierNote{};
+  }
   std::array<CUstreamBatchMemOpParams, 1 + 2 * kMaxWatched> ops;
   unsigned n = 0;
   ops[n++] = list != nullptr && list->version != 0
@@ -123,11 +122,13 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
       last.active_word = true;
     }
   }
-  const bool put = queue_waits(g, stream, ops.data(), n) == CUDA_SUCCESS;
-  if (note != nullptr) {
-    *note = put ? last : BarrierNote{};
+  if (queue_waits(g, stream, ops.data(), n) != CUDA_SUCCESS) {
+    return false;
   }
-  return put;
+  if (note != nullptr) {
+    *note = last;
+  }
+  return true;
 }
 
 void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
@@ -212,7 +213,8 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
       publish_state(kDriverFailed);
     }
   }
-  // without a barrier, the span ends at this mark's own event, which must then be timed
+  // without a barrier before it, the span ends at this mark's own event, which must then be
+  // timed (so, without barriers, every mark is)
   const bool timed = st.ns_per_launch == 0.0 || st.next_seq % kTimedEvery == 0 ||
                      (ends_span && before == nullptr);
   Mark m;
