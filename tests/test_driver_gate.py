@@ -51,6 +51,19 @@ def test_the_barrier_spacing_the_user_set_reaches_the_driver_level_gate(
         driver.driver_config_for(-100, True)
 
 
+def test_the_window_the_user_set_reaches_the_driver_level_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPREEMPT_GATE_OPEN_WINDOW_MS bounds the driver-level gate's work in flight as it does the
+    operator gate's open window; a bad value is one line naming the variable."""
+    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_WINDOW_MS"] == "25"
+    monkeypatch.setenv("GPREEMPT_GATE_OPEN_WINDOW_MS", "2.5")
+    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_WINDOW_MS"] == "2.5"
+    monkeypatch.setenv("GPREEMPT_GATE_OPEN_WINDOW_MS", "-1")
+    with pytest.raises(UsageError, match="GPREEMPT_GATE_OPEN_WINDOW_MS='-1' must be >= 0"):
+        driver.driver_config_for(-100, True)
+
+
 def test_a_variable_the_user_set_is_kept_and_said() -> None:
     extra, note = driver.command_environment(
         {"CUDA_INJECTION64_PATH": "/opt/nsys/libToolsInjection64.so"}, -100, True

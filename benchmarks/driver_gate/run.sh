@@ -13,7 +13,9 @@
 # where its own group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
 # request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier from
 # which the default grace was chosen), spacing (light with the trainer's barriers spaced by each of
-# SPACINGS ms of GPU time, default "0.1 0.2 0.4": what they cost it). REPEATS (default 3) repeats;
+# SPACINGS ms of GPU time, default "0.1 0.2 0.4": what they cost it), window (light with at most
+# each of WINDOWS ms of work in flight per stream, default "25 4 1", beside the server CASE_A,
+# default light; eager: the eager ResNet-50). REPEATS (default 3) repeats;
 # REQUESTS (default 1000) requests of Case-A per scenario. DEADLINE_S (seconds from the start,
 # unset: none) stops a bench in time for its cell to be kept: a bench stopped keeps the repeats
 # it finished. Each cell's results.json goes to $OUT/<cell>/
@@ -89,6 +91,10 @@ for group in "$@"; do
       done ;;
     spacing) for ms in ${SPACINGS:-0.1 0.2 0.4}; do
         cell "light-barriers-$ms" --case-b transformer-sync --env-b "GPREEMPT_GATE_BARRIER_MS=$ms"
+      done ;;
+    window) for ms in ${WINDOWS:-25 4 1}; do
+        cell "${CASE_A:-light}-window-$ms" --case-a "${CASE_A:-light}" --case-b transformer-sync \
+          --env-b "GPREEMPT_GATE_OPEN_WINDOW_MS=$ms"
       done ;;
     together) kinds=${TRAINERS:-transformer-sync transformer-compiled cupy-torch jax-torch}
       n=$(echo $kinds | wc -w)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, idle_grace_ms
-from .config import ENV_BARRIER_MS
+from .config import ENV_BARRIER_MS, ENV_OPEN_WINDOW_MS
 
 #: The variable the CUDA driver reads at cuInit.
 ENV_INJECTION = "CUDA_INJECTION64_PATH"
@@ -67,15 +67,19 @@ def driver_config_for(priority: int, closes_gate: bool) -> DriverConfig:
     """The settings for a task of this priority whose mechanism does (or not) stop it by its
     gate: tasks below ``high`` hold a bounded queue behind barriers; every task tells its
     activity from its launches. ``GPREEMPT_GATE_BARRIER_MS`` spaces the barriers as it does the
-    operator gate's (0: none); UsageError, naming it, for a value that is no number >= 0."""
+    operator gate's (0: none), and ``GPREEMPT_GATE_OPEN_WINDOW_MS`` bounds the work in flight
+    per stream as it does the operator gate's open window; UsageError, naming the variable,
+    for a value that is no number >= 0."""
     from ...priority import NAMED
 
     bound = closes_gate and priority < NAMED["high"]
     barrier_ms = env_number(ENV_BARRIER_MS, float, 0, "ms")
+    window_ms = env_number(ENV_OPEN_WINDOW_MS, float, 0, "ms")
     return DriverConfig(
         bound=bound,
         auto_activity=True,
         barrier_us=BARRIER_US if barrier_ms is None else barrier_ms * 1000.0,
+        window_ms=WINDOW_MS if window_ms is None else window_ms,
         idle_grace_ms=idle_grace_ms(bound),
     )
 
