@@ -4,7 +4,7 @@
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of
-# a barrier cost the GPU and the CPU), light (the eager Transformer that reads its
+# a mark cost the GPU), light (the eager Transformer that reads its
 # loss every step), operator-only (light with the trainer's operator gate alone, no driver-level
 # gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch,
 # compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the built-in
