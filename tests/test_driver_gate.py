@@ -36,32 +36,40 @@ def test_settings_follow_priority_and_mechanism() -> None:
     assert low.environment()["GPREEMPT_DRIVER_BOUND"] == "1"
 
 
-def test_the_barrier_spacing_the_user_set_reaches_the_driver_level_gate(
+@pytest.mark.parametrize(
+    ("variable", "passed_as", "default", "value", "passed", "bad", "complaint"),
+    [
+        # spaces the barriers as it does the operator gate's; 0 puts none
+        ("GPREEMPT_GATE_BARRIER_MS", "GPREEMPT_DRIVER_BARRIER_US", "100", "0.4", "400", "fast",
+         "='fast' is not a number"),
+        # bounds the work in flight as it does the operator gate's open window
+        ("GPREEMPT_GATE_OPEN_WINDOW_MS", "GPREEMPT_DRIVER_WINDOW_MS", "25", "2.5", "2.5", "-1",
+         "='-1' must be >= 0"),
+    ],
+)  # fmt: skip
+def test_the_gate_variables_the_user_set_reach_the_driver_level_gate(
     monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    passed_as: str,
+    default: str,
+    value: str,
+    passed: str,
+    bad: str,
+    complaint: str,
 ) -> None:
-    """GPREEMPT_GATE_BARRIER_MS spaces the driver-level gate's barriers as it does the
-    operator gate's; 0 puts none; a bad value is one line naming the variable."""
-    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_BARRIER_US"] == "100"
-    monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "0.4")
-    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_BARRIER_US"] == "400"
+    """The operator gate's variables set the driver-level gate's barriers and window too; a
+    bad value is one line naming the variable."""
+    assert driver.driver_config_for(-100, True).environment()[passed_as] == default
+    monkeypatch.setenv(variable, value)
+    assert driver.driver_config_for(-100, True).environment()[passed_as] == passed
+    monkeypatch.setenv(variable, bad)
+    with pytest.raises(UsageError, match=variable + complaint):
+        driver.driver_config_for(-100, True)
+
+
+def test_no_barriers_where_the_user_set_a_spacing_of_0(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "0")
     assert driver.driver_config_for(-100, True).barrier_us == 0
-    monkeypatch.setenv("GPREEMPT_GATE_BARRIER_MS", "fast")
-    with pytest.raises(UsageError, match="GPREEMPT_GATE_BARRIER_MS='fast' is not a number"):
-        driver.driver_config_for(-100, True)
-
-
-def test_the_window_the_user_set_reaches_the_driver_level_gate(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """GPREEMPT_GATE_OPEN_WINDOW_MS bounds the driver-level gate's work in flight as it does the
-    operator gate's open window; a bad value is one line naming the variable."""
-    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_WINDOW_MS"] == "25"
-    monkeypatch.setenv("GPREEMPT_GATE_OPEN_WINDOW_MS", "2.5")
-    assert driver.driver_config_for(-100, True).environment()["GPREEMPT_DRIVER_WINDOW_MS"] == "2.5"
-    monkeypatch.setenv("GPREEMPT_GATE_OPEN_WINDOW_MS", "-1")
-    with pytest.raises(UsageError, match="GPREEMPT_GATE_OPEN_WINDOW_MS='-1' must be >= 0"):
-        driver.driver_config_for(-100, True)
 
 
 def test_a_variable_the_user_set_is_kept_and_said() -> None:

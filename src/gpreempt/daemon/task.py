@@ -337,6 +337,7 @@ def gate_status(task: Task) -> dict[str, Any] | None:
     if control is None:
         return None
     stats = control.stats()
+    blocks = [c.stats() for c in task.controls.values()]  # each process's block, read once
     return {
         "installed": stats.gate_installed,
         "launches": stats.launches,
@@ -351,16 +352,14 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         # the driver-level gate: on, none, released (to a profiler), unavailable
         "driver": task.driver_gate,
         "driver_launches": sum(c.driver_launches for c in task.controls.values()),
-        "driver_barriers": sum(c.stats().driver_barriers for c in task.controls.values()),
-        "driver_waits": sum(c.stats().driver_waits for c in task.controls.values()),
+        "driver_barriers": sum(b.driver_barriers for b in blocks),
+        "driver_waits": sum(b.driver_waits for b in blocks),
         # launches that waited for its window (25 ms of GPU work in flight) to drain, and the
         # GPU time per launch it spaces its barriers by (the largest of its processes')
-        "driver_bound_waits": sum(c.stats().driver_bound_waits for c in task.controls.values()),
-        "driver_us_per_launch": max(
-            (c.stats().driver_us_per_launch for c in task.controls.values()), default=0.0
-        ),
+        "driver_bound_waits": sum(b.driver_bound_waits for b in blocks),
+        "driver_us_per_launch": max((b.driver_us_per_launch for b in blocks), default=0.0),
         # its callbacks are off (barriers put by its thread)
-        "driver_asleep": any(c.stats().driver_asleep for c in task.controls.values()),
+        "driver_asleep": any(b.driver_asleep for b in blocks),
         # its GPU work passed a stream barrier while a task it watches stayed active
         "barrier_leaks": sum(c.barrier_leaks for c in task.controls.values()),
         "hold_leaks": task.counters.hold_leaks,
