@@ -46,7 +46,7 @@ def train_factory():
     born = time.monotonic()
     env_log = os.environ.get("FAKE_ENV_LOG")
     if env_log:
-        seen = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS")}
+        seen = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_MPS", "FAKE_SETTING"))}
         Path(env_log, f"train-{os.getpid()}.json").write_text(json.dumps(seen))
 
     def step() -> None:

@@ -273,6 +273,45 @@ def test_several_trainers_share_case_a_runs_alone(tmp_path, monkeypatch):
     assert b[0] != b[1]  # each trainer's own co-located runs
 
 
+def test_a_trainer_with_settings_of_its_own_runs_beside_the_plain_one(tmp_path):
+    """``KIND+NAME=VALUE``: the same trainer twice in one run, one with a variable set for its
+    processes alone, each in a directory named after its entry, the setting recorded."""
+    out, env_log = tmp_path / "run", tmp_path / "env"
+    env_log.mkdir()
+    variant = "transformer+FAKE_SETTING=1"
+    config = _config(
+        out,
+        ["a-alone", "b-alone", "gpreempt-signal"],
+        _workloads(FAKE_ENV_LOG=str(env_log)),
+        case_b_kinds=("transformer", variant),
+    )
+    run_bench(config)
+
+    plain = json.loads((out / "transformer" / "results.json").read_text())
+    tuned = json.loads((out / variant / "results.json").read_text())
+    assert plain["params"]["env_b"] == {} and tuned["params"]["env_b"] == {"FAKE_SETTING": "1"}
+    assert plain["params"]["case_b"] == tuned["params"]["case_b"]
+    assert tuned["scenarios"]["gpreempt-signal"]["valid"]
+    seen = [json.loads(p.read_text()) for p in env_log.glob("train-*.json")]
+    # b-alone and gpreempt-signal, each trainer: half of the trainers' processes had it
+    assert sorted(s.get("FAKE_SETTING", "-") for s in seen) == ["-", "-", "1", "1"]
+
+
+@pytest.mark.parametrize(
+    ("case_b", "said"),
+    [
+        ("transformer+GPREEMPT_DRIVER_GATE", "is not NAME=VALUE"),
+        ("transformer+=0", "is not NAME=VALUE"),
+        ("warp+GPREEMPT_DRIVER_GATE=0", "is not a built-in trainer"),
+    ],
+)
+def test_cli_a_bad_case_b_entry_is_one_line(monkeypatch, capsys, tmp_path, case_b, said):
+    monkeypatch.setattr("gpreempt.bench.device.gpu_present", lambda: True)
+    assert main(["bench", "--case-b", case_b, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_trainer_named_twice_is_one_line(tmp_path):
     config = _config(tmp_path / "run", ["a-alone"], _workloads(), case_b_kinds=("cupy", "cupy"))
     with pytest.raises(UsageError, match="named twice"):

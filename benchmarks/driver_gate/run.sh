@@ -3,24 +3,26 @@
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
-# Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of
-# a mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a
-# barrier, fed or not, slows another process's small kernels), transitions (transitions.sh: what
-# each suspension costs an eager trainer, per variant of its gate), light (the eager Transformer that reads its
-# loss every step), operator-only (light with the trainer's operator gate alone, no driver-level
-# gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax, jax-torch,
-# compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the built-in
-# trainers of TRAINERS, default "transformer-sync transformer-compiled cupy-torch jax-torch", in one
-# bench run: Case-A is measured alone once per repeat for all of them; each trainer's results go
-# where its own group's would), grace (each trainer of GRACE_TRAINERS, default "jax-torch", without
-# request(), the server's idle grace set to each of GRACES ms, default "0 0.2 1": the frontier from
-# which the default grace was chosen), spacing (light with the trainer's barriers spaced by each of
-# SPACINGS ms of GPU time, default "0.1 0.2 0.4": what they cost it), window (light with at most
-# each of WINDOWS ms of work in flight per stream, default "25 4 1", beside the server CASE_A,
-# default light; eager: the eager ResNet-50). REPEATS (default 3) repeats;
-# REQUESTS (default 1000) requests of Case-A per scenario. DEADLINE_S (seconds from the start,
-# unset: none) stops a bench in time for its cell to be kept: a bench stopped keeps the repeats
-# it finished. Each cell's results.json goes to $OUT/<cell>/
+# Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of a
+# mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
+# fed or not, slows another process's small kernels), transitions (transitions.sh: what each
+# suspension costs an eager trainer, per variant of its gate), light (the eager Transformer that
+# reads its loss every step), operator-only (light with the trainer's operator gate alone, no
+# driver-level gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax,
+# jax-torch, compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the
+# built-in trainers of TRAINERS, default "transformer-sync transformer-compiled cupy-torch
+# jax-torch", in one bench run: Case-A is measured alone once per repeat for all of them; each
+# trainer's results go where its own group's would; an entry KIND+NAME=VALUE sets a variable for
+# that trainer alone, e.g. TRAINERS="transformer-sync transformer-sync+GPREEMPT_DRIVER_GATE=0"
+# compares the two gates side by side, its cell named after the entry), grace (each trainer of
+# GRACE_TRAINERS, default "jax-torch", without request(), the server's idle grace set to each of
+# GRACES ms, default "0 0.2 1": the frontier from which the default grace was chosen), spacing
+# (light with the trainer's barriers spaced by each of SPACINGS ms of GPU time, default "0.1 0.2
+# 0.4": what they cost it), window (light with at most each of WINDOWS ms of work in flight per
+# stream, default "25 4 1", beside the server CASE_A, default light; eager: the eager ResNet-50).
+# REPEATS (default 3) repeats; REQUESTS (default 1000) requests of Case-A per scenario. DEADLINE_S
+# (seconds from the start, unset: none) stops a bench in time for its cell to be kept: a bench
+# stopped keeps the repeats it finished. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
 # gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed, and
 # what held_progress.py reads of each run.

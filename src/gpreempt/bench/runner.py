@@ -4,7 +4,9 @@ then write results.json, report.md and the plots into the run's directory.
 Several built-in Case-B kinds may share one run (``BenchConfig.case_b_kinds``): Case-A is then
 calibrated once and measured alone once before and once after each repeat, each trainer's
 own scenarios in between; each trainer gets a directory of its own, named after its kind, with
-a results.json that reads as if it had run alone (its references are the shared runs)."""
+a results.json that reads as if it had run alone (its references are the shared runs). A kind
+may carry settings of its own (``transformer-sync+GPREEMPT_DRIVER_GATE=0``): two settings of one
+trainer then compare side by side, repeat by repeat, against the same runs alone."""
 
 from __future__ import annotations
 
@@ -63,9 +65,11 @@ class BenchConfig:
     nvml: bool = True
     serve_args: tuple[str, ...] = ()  # extra options for the scenarios' private daemon
     probe_device: bool = True
-    #: Built-in Case-B kinds measured in one run, against the same Case-A runs alone; empty:
-    #: just ``workloads``' own Case-B. (A ``case_b_fn`` or ``case_b_cmd`` in ``workloads``
-    #: replaces every kind's trainer; ``gpreempt bench`` refuses that combination.)
+    #: Built-in Case-B kinds measured in one run, against the same Case-A runs alone, each
+    #: ``KIND`` or ``KIND+NAME=VALUE[+NAME=VALUE...]`` (environment variables of that trainer's
+    #: processes, see :func:`trainer_spec`); empty: just ``workloads``' own Case-B. (A
+    #: ``case_b_fn`` or ``case_b_cmd`` in ``workloads`` replaces every kind's trainer;
+    #: ``gpreempt bench`` refuses that combination.)
     case_b_kinds: tuple[str, ...] = ()
     command: str = ""
     # memory scenarios (None: derived from GPU 0's free memory, see gpreempt.bench.memory_pressure)
@@ -89,7 +93,25 @@ class BenchConfig:
         check_scenarios(self.scenarios)
         if len(self.case_b_kinds) != len(set(self.case_b_kinds)):
             raise UsageError(f"a Case-B kind is named twice: {','.join(self.case_b_kinds)}")
+        for spec in self.case_b_kinds:
+            trainer_spec(spec)
         make_plan({}, 1.0, self.ballast_gib, self.growth_gib, self.reserve_gib, self.growth_at_s)
+
+
+def trainer_spec(spec: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A ``--case-b`` entry's kind and its own settings: ``KIND+NAME=VALUE+...`` -> (KIND,
+    ((NAME, VALUE), ...)). A setting without ``=`` or a name is a usage error."""
+    kind, *settings = spec.split("+")
+    pairs = []
+    for setting in settings:
+        name, eq, value = setting.partition("=")
+        if not eq or not name.strip():
+            raise UsageError(
+                f"--case-b {spec!r}: {setting!r} is not NAME=VALUE (write "
+                "KIND+NAME=VALUE, e.g. transformer-sync+GPREEMPT_DRIVER_GATE=0)"
+            )
+        pairs.append((name.strip(), value))
+    return kind.strip(), tuple(pairs)
 
 
 def scenario_order(names: Sequence[str]) -> list[str]:
@@ -139,15 +161,21 @@ class _Trainer:
 
 def _trainers(config: BenchConfig) -> list[_Trainer]:
     """The run's trainers: its one Case-B in the run's directory, or each of several kinds in
-    a directory of its own."""
+    a directory of its own, named after its ``--case-b`` entry."""
+
+    def workloads_of(spec: str) -> Workloads:
+        kind, settings = trainer_spec(spec)
+        return replace(
+            config.workloads, case_b_kind=kind, env_b=(*config.workloads.env_b, *settings)
+        )
+
     if len(config.case_b_kinds) <= 1:
         workloads = config.workloads
         if config.case_b_kinds:
-            workloads = replace(workloads, case_b_kind=config.case_b_kinds[0])
+            workloads = workloads_of(config.case_b_kinds[0])
         return [_Trainer("", workloads, config.out_dir)]
     return [
-        _Trainer(kind, replace(config.workloads, case_b_kind=kind), config.out_dir / kind)
-        for kind in config.case_b_kinds
+        _Trainer(spec, workloads_of(spec), config.out_dir / spec) for spec in config.case_b_kinds
     ]
 
 
@@ -278,6 +306,8 @@ def _write_results(
         "case_a_batch": workloads.case_a_batch,
         "case_a_fn": workloads.case_a_fn,
         "case_b": workloads.case_b_fn or workloads.case_b_cmd or workloads.case_b_kind,
+        # variables set for Case-B's processes only (--env-b, and a --case-b entry's own)
+        "env_b": dict(workloads.env_b),
         # the trainers whose runs shared Case-A's runs alone (one: none shared)
         "case_b_together": list(config.case_b_kinds) if len(config.case_b_kinds) > 1 else [],
         "scenarios": list(names),

@@ -118,7 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "every step (loss.item()), -compiled runs it under torch.compile; cupy is a CuPy GEMM "
         "loop with no PyTorch (default transformer). Several, comma-separated, share one run: "
         "Case-A is calibrated and measured alone once per repeat for all of them, and each "
-        "gets a directory of its own in --out, named after it",
+        "gets a directory of its own in --out, named after it. KIND+NAME=VALUE[+...] sets "
+        "variables for that trainer alone, to compare settings side by side, e.g. "
+        "transformer-sync,transformer-sync+GPREEMPT_DRIVER_GATE=0",
     )
     parser.add_argument(
         "--case-a-fn",
@@ -251,7 +253,7 @@ def _out_dir(value: str | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     from ..bench.builtin_workloads import CASE_A_BATCH
     from ..bench.device import gpu_present
-    from ..bench.runner import BenchConfig, run_bench
+    from ..bench.runner import BenchConfig, run_bench, trainer_spec
     from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
     from ..bench.workload_argv import Workloads
 
@@ -283,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         python=args.python,
         case_a_batch=CASE_A_BATCH[args.case_a],
         case_a_graph=args.case_a != "eager",
-        case_b_kind=case_b_kinds[0],
+        case_b_kind=trainer_spec(case_b_kinds[0])[0],
         case_a_fn=args.case_a_fn,
         case_b_fn=args.case_b_fn,
         case_b_cmd=args.case_b_cmd,
@@ -324,13 +326,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _case_b_kinds(text: str) -> tuple[str, ...]:
-    """``--case-b``'s kinds, each checked: one line for a kind that does not exist."""
+    """``--case-b``'s entries, each checked: one line for a kind that does not exist or a
+    setting that is not NAME=VALUE."""
     from ..bench.builtin_workloads import CASE_B_KINDS
+    from ..bench.runner import trainer_spec
 
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     if not kinds:
         raise UsageError(f"--case-b is empty: name one of {', '.join(CASE_B_KINDS)}")
-    for kind in kinds:
+    for spec in kinds:
+        kind, _settings = trainer_spec(spec)
         if kind not in CASE_B_KINDS:
             raise UsageError(
                 f"--case-b {kind!r} is not a built-in trainer: one of {', '.join(CASE_B_KINDS)}"
