@@ -73,7 +73,8 @@ def test_table_prints_a_committed_cell_with_its_spread_and_the_alone_span() -> N
     )
     lines = done.stdout.splitlines()
     assert lines[0].startswith("cupy: Case-A light load 0.5, 1 x cupy, 3 repeat(s)")
-    assert "Case-A alone P99" in lines[0]
+    assert "Case-A alone P99" in lines[0] and "its service P99" in lines[0]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {"gpreempt", "gpreempt-lock"}
     assert "B kept" in rows["gpreempt"] and "[" in rows["gpreempt"]
+    assert "service P99 ms" in rows["gpreempt"]

@@ -6,6 +6,8 @@ Writes nothing; prints, per cell and scenario, the P99 ratio, Case-A's P99 in ms
 as median [min-max] over the repeats, and how far Case-A alone drifted: a-alone-after's P99
 ratio, and the range of Case-A's P99 alone over every run of a-alone and a-alone-after (for
 a server whose tail moves that much alone, "P99 inside the alone range" is what can be read).
+Its service time's P99 too, alone (the same range) and per scenario: a machine on which the
+server alone is slower shows there, apart from what the trainer costs it.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ def _span(row: dict, key: str) -> str:
     return f"{value:.2f}"
 
 
-def _alone_range_ms(scenarios: dict) -> tuple[float, float] | None:
-    """Min and max of Case-A's P99 (ms) over every repeat of a-alone and a-alone-after."""
+def _alone_range_ms(scenarios: dict, what: str = "a_latency_ms") -> tuple[float, float] | None:
+    """Min and max of Case-A's P99 (ms) of ``what`` (its latency, or its service time) over
+    every repeat of a-alone and a-alone-after."""
     values = []
     for name in ("a-alone", "a-alone-after"):
         row = scenarios.get(name, {})
-        spread = row.get("spread", {}).get("a_latency_ms.p99")
+        spread = row.get("spread", {}).get(f"{what}.p99")
         if spread:
             values += [spread["min"], spread["max"]]
-        elif (row.get("a_latency_ms") or {}).get("p99") is not None:
-            values.append(row["a_latency_ms"]["p99"])
+        elif (row.get(what) or {}).get("p99") is not None:
+            values.append(row[what]["p99"])
     return (min(values), max(values)) if values else None
 
 
@@ -50,6 +53,9 @@ def rows(folder: Path) -> list[str]:
     )
     alone = _alone_range_ms(scenarios)
     alone_text = f"; Case-A alone P99 {alone[0]:.1f}-{alone[1]:.1f} ms" if alone else ""
+    service = _alone_range_ms(scenarios, "a_service_ms")
+    if service:
+        alone_text += f", its service P99 {service[0]:.2f}-{service[1]:.2f} ms"
     lines = [f"{cell}; a-alone-after P99 ratio {_span(after, 'a_p99_ratio')}{alone_text}"]
     for name, row in scenarios.items():
         if name in ("a-alone", "b-alone", "sequential", "a-alone-after"):
@@ -79,7 +85,8 @@ def rows(folder: Path) -> list[str]:
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
             f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
-            f"B kept {_span(row, 'b_kept'):20s}{busy}{late}{valid}"
+            f"B kept {_span(row, 'b_kept'):20s}{busy}{late}"
+            f" service P99 ms {_span(row, 'a_service_ms.p99')}{valid}"
         )
     return lines
 
