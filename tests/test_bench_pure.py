@@ -275,6 +275,26 @@ def test_the_report_names_suspensions_that_did_not_hold():
     assert "did not hold" not in text
 
 
+def test_case_as_gate_counters_say_how_long_its_hook_was_awake():
+    """The server's own gates reach results.json: the operator gate's counters, whether it
+    slept, and the driver-level gate's launches; nothing where the server ran ungated."""
+    driver = {"driver_gate": "on", "driver_launches": 12, "driver_asleep": True}
+    gate = {"launches": 5400, "sleeps": 2, "activations": 31, "asleep": True, "waits": 9,
+            "driver": driver}  # fmt: skip
+    assert scenario_metrics.a_gate_counters({"end": [1.0], "gate": gate}) == {
+        "launches": 5400, "sleeps": 2, "activations": 31, "asleep_at_end": True,
+        "driver_launches": 12, "driver_asleep_at_end": True,
+    }  # fmt: skip
+    assert scenario_metrics.a_gate_counters({"gate": {"launches": 3}}) == {
+        "launches": 3, "sleeps": 0, "activations": 0, "asleep_at_end": False,
+    }  # fmt: skip
+    assert scenario_metrics.a_gate_counters({"end": [1.0], "gate": None}) is None
+    assert scenario_metrics.a_gate_counters(None) is None
+    raw = _raw("gpreempt", [0.0, 0.1], [0.004, 0.104], steps=[[0.01, 0.02]])
+    raw.serve["gate"] = gate
+    assert scenario_metrics.scenario_metrics(raw, None, None)["a_gate"]["sleeps"] == 2
+
+
 def test_case_bs_gate_counters_are_summed_over_its_processes():
     """What each trainer's gates counted reaches results.json: summed over the processes, the
     GPU time per launch the driver-level gate spaced its barriers by as the largest."""

@@ -168,6 +168,7 @@ def scenario_metrics(
         row["b_late_steps"] = b_late_steps(raw)
         row.update(held_checks(raw.events))
         row["b_gate"] = b_gate_counters(raw.trains)
+        row["a_gate"] = a_gate_counters(raw.serve)
     else:
         row["preempt_latency_ms"] = None
     if raw.name in MEMORY_SCENARIOS:
@@ -215,6 +216,29 @@ def b_gate_counters(trains: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
         out.update({k: sum(int(d.get(k) or 0) for d in drivers) for k in DRIVER_COUNTERS})
         costs = [float(d.get("driver_us_per_launch") or 0) for d in drivers]
         out["driver_us_per_launch"] = max(costs)
+    return out
+
+
+#: What Case-A's operator gate counted (workloads.py writes its ``gate`` record as it stops):
+#: its hook counts operators only while awake, so ``launches`` against the operators its
+#: requests ran tells how long it was awake, and a server's awake hook costs it each one.
+SERVER_COUNTERS = ("launches", "sleeps", "activations")
+
+
+def a_gate_counters(serve: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """How Case-A's own gates spent the scenario: the operator gate's launches (counted while
+    awake), how often it fell asleep, its activations (first launches after idling), whether it
+    was asleep at the end, and the driver-level gate's launches (seen while its callbacks were
+    on). None where Case-A ran under no gate."""
+    gate = (serve or {}).get("gate")
+    if not isinstance(gate, Mapping):
+        return None
+    out: dict[str, Any] = {k: int(gate.get(k) or 0) for k in SERVER_COUNTERS}
+    out["asleep_at_end"] = bool(gate.get("asleep"))
+    driver = gate.get("driver")
+    if isinstance(driver, Mapping):
+        out["driver_launches"] = int(driver.get("driver_launches") or 0)
+        out["driver_asleep_at_end"] = bool(driver.get("driver_asleep"))
     return out
 
 

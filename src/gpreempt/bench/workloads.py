@@ -127,7 +127,8 @@ def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict
     result = loops.serve(served, offsets, float(go["t0"]), hint)
     if growth:
         extra = {**extra, "growth": growth.release()}
-    loops.write_json(args.out, {"pid": os.getpid(), "ready_t": ready_t, **result, **extra})
+    out = {"pid": os.getpid(), "ready_t": ready_t, **result, **extra, "gate": _gate_stats()}
+    loops.write_json(args.out, out)
     return 0
 
 
