@@ -14,19 +14,9 @@
 #include <vector>
 #include <algorithm>
 
-__global__ void spin(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
+#include "spin.cuh"
 
 #define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { printf("err %d at %s\n", r_, #x); exit(1);} } while (0)
-
-static double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 int main() {
   const int N = 4000, S = 2;

@@ -21,17 +21,7 @@
 #include <random>
 #include <vector>
 
-__global__ void spin(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-static double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+#include "spin.cuh"
 
 static void busy_wait(double us) {
   const double end = now_s() + us * 1e-6;
