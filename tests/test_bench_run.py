@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -282,7 +283,9 @@ def test_a_trainer_with_settings_of_its_own_runs_beside_the_plain_one(tmp_path):
     config = _config(
         out,
         ["a-alone", "b-alone", "gpreempt-signal"],
-        _workloads(FAKE_ENV_LOG=str(env_log)),
+        dataclasses.replace(
+            _workloads(FAKE_ENV_LOG=str(env_log)), env_a=(("FAKE_SERVER_SETTING", "2"),)
+        ),
         case_b_kinds=("transformer", variant),
     )
     run_bench(config)
@@ -290,6 +293,7 @@ def test_a_trainer_with_settings_of_its_own_runs_beside_the_plain_one(tmp_path):
     plain = json.loads((out / "transformer" / "results.json").read_text())
     tuned = json.loads((out / variant / "results.json").read_text())
     assert plain["params"]["env_b"] == {} and tuned["params"]["env_b"] == {"FAKE_SETTING": "1"}
+    assert plain["params"]["env_a"] == tuned["params"]["env_a"] == {"FAKE_SERVER_SETTING": "2"}
     assert plain["params"]["case_b"] == tuned["params"]["case_b"]
     assert tuned["scenarios"]["gpreempt-signal"]["valid"]
     seen = [json.loads(p.read_text()) for p in env_log.glob("train-*.json")]

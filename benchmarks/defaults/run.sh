@@ -16,7 +16,9 @@
 # open-loop Poisson client, its requests marked with no code, unmarked with
 # GPREEMPT_AUTO_REQUESTS=0, and with request() by hand; HTTP_FN=gpreempt.bench.servers:gpt2_generate
 # serves GPT-2 over HTTP instead; SERVER_CELLS picks among eager http http-unmarked
-# http-by-hand generate, default all; needs fastapi, uvicorn and, for generate, transformers).
+# http-by-hand generate, default all five, or eager-ungated: the eager server without its
+# operator gate, GPREEMPT_GATE=0, its activity told by the driver-level gate; needs fastapi,
+# uvicorn and, for generate, transformers).
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
@@ -111,6 +113,9 @@ for group in "$@"; do
         case $server in
           eager) cell servers-eager 570 --repeats "$REPEATS" --requests "${SERVER_REQUESTS:-1000}" \
               --case-a eager --case-b transformer-sync --scenarios gpreempt,gpreempt-no-request ;;
+          eager-ungated) cell servers-eager-ungated 570 --repeats "$REPEATS" \
+              --requests "${SERVER_REQUESTS:-1000}" --case-a eager --case-b transformer-sync \
+              --env-a GPREEMPT_GATE=0 --scenarios gpreempt,gpreempt-no-request ;;
           http|http-unmarked|http-by-hand)
             GPREEMPT_BENCH_HTTP_FN=${HTTP_FN:-gpreempt.bench.servers:resnet_eager} \
               cell "servers-$server" 720 --repeats "$REPEATS" \

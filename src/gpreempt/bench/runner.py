@@ -306,7 +306,9 @@ def _write_results(
         "case_a_batch": workloads.case_a_batch,
         "case_a_fn": workloads.case_a_fn,
         "case_b": workloads.case_b_fn or workloads.case_b_cmd or workloads.case_b_kind,
-        # variables set for Case-B's processes only (--env-b, and a --case-b entry's own)
+        # variables set for Case-A's processes only (--env-a), and for Case-B's (--env-b, and
+        # a --case-b entry's own)
+        "env_a": dict(workloads.env_a),
         "env_b": dict(workloads.env_b),
         # the trainers whose runs shared Case-A's runs alone (one: none shared)
         "case_b_together": list(config.case_b_kinds) if len(config.case_b_kinds) > 1 else [],
