@@ -1,10 +1,12 @@
-"""The gate's build cache: never another user's, and a held build lock costs a bounded wait
-(docs/robustness.md)."""
+"""The gate's build cache: never another user's; a build lock held by a process that builds is
+waited for, one held by a stopped or unknown process costs a bounded wait (docs/robustness.md)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -46,3 +48,55 @@ def test_a_held_build_lock_costs_a_bounded_wait(tmp_path: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         os.close(holder)
+
+
+def _wait_in_child(directory: Path, holder: int, lock_wait_s: float) -> int:
+    """Fork a loader that takes ``directory``'s build lock (a separate open file description,
+    so that the lock conflicts as with another process): exit 0 if it got it, 1 if not. The
+    child closes its copy of ``holder``, whose lock would otherwise stay held by it."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(holder)
+        build.LOCK_WAIT_S = lock_wait_s
+        with build.build_lock(directory, "a test") as held:
+            os._exit(0 if held else 1)
+    return pid
+
+
+def _hold(directory: Path, pid: int) -> int:
+    """Take ``directory``'s build lock here, its file naming ``pid`` as the holder."""
+    holder = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    os.pwrite(holder, f"{pid}\n".encode(), 0)
+    return holder
+
+
+def test_a_build_lock_held_by_a_running_builder_is_waited_for(tmp_path: Path) -> None:
+    """Several processes started at once on a fresh machine: all wait for the first build
+    rather than going without the native gate."""
+    holder = _hold(tmp_path, os.getpid())  # this process: alive and running
+    try:
+        child = _wait_in_child(tmp_path, holder, lock_wait_s=0.2)
+        time.sleep(1.0)  # five times the wait for an unknown holder
+        assert os.waitpid(child, os.WNOHANG) == (0, 0)  # still waiting
+    finally:
+        os.close(holder)  # the build is done
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / "build.lock").read_text().strip() == str(child)  # it names its holder
+
+
+def test_a_build_lock_held_by_a_stopped_process_is_not_waited_for(tmp_path: Path) -> None:
+    stopped = subprocess.Popen(["sleep", "60"])
+    os.kill(stopped.pid, signal.SIGSTOP)
+    holder = _hold(tmp_path, stopped.pid)
+    try:
+        start = time.monotonic()
+        child = _wait_in_child(tmp_path, holder, lock_wait_s=0.2)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 1  # went without
+        assert time.monotonic() - start < 10
+    finally:
+        os.close(holder)
+        stopped.kill()
+        stopped.wait()

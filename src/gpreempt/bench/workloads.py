@@ -127,7 +127,7 @@ def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict
     result = loops.serve(served, offsets, float(go["t0"]), hint)
     if growth:
         extra = {**extra, "growth": growth.release()}
-    out = {"pid": os.getpid(), "ready_t": ready_t, **result, **extra, "gate": _gate_stats()}
+    out = {"pid": os.getpid(), "ready_t": ready_t, **result, **extra, "gate": gate_stats()}
     loops.write_json(args.out, out)
     return 0
 
@@ -155,13 +155,13 @@ def train_command(args: argparse.Namespace) -> int:
             "ballast_bytes": args.ballast_bytes,
             "step_end_t": times,
             "stopped_t": time.time(),
-            "gate": _gate_stats(),
+            "gate": gate_stats(),
         },
     )
     return 0
 
 
-def _gate_stats() -> dict[str, Any] | None:
+def gate_stats() -> dict[str, Any] | None:
     """The launch gate's counters, if this process runs under one (for diagnosis), with the
     driver-level gate's from the process's control block under ``driver``."""
     from ..client import session

@@ -102,10 +102,14 @@ def _check_toolchain() -> None:
         raise NativeGateUnavailable("ninja is not installed; `pip install ninja`")
 
 
-#: How long a loader waits for another one's build lock (a trainer stopped while building
-#: holds it): after that, a built extension is imported without the lock, else the gate
-#: goes without it.
+#: How long a loader waits for another one's build lock when it cannot tell that its holder
+#: is building (a trainer stopped while building holds it): after that, a built extension is
+#: imported without the lock, else the gate goes without it.
 LOCK_WAIT_S = 10.0
+#: How long it waits at most while the holder is alive and not stopped: a build takes 20-60 s,
+#: longer on a busy machine; several processes started at once on a fresh machine all wait for
+#: the first one's build, rather than going without the native gate for their whole life.
+BUILD_WAIT_S = 300.0
 
 
 def check_private(path: Path) -> None:
@@ -132,33 +136,68 @@ def _import_built(name: str, built: Path) -> ModuleType:
     return module
 
 
+def _holder_running(fd: int) -> bool:
+    """Whether the process whose pid the holder of the lock wrote into its file is alive and
+    not stopped (its state in ``/proc``): then it is building."""
+    try:
+        pid = int(os.pread(fd, 32, 0).split()[0])
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except (ValueError, IndexError, OSError):
+        return False
+    state = stat_line.rpartition(")")[2].split()[:1]
+    return bool(state) and state[0] not in ("T", "t", "Z", "X")
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path, what: str) -> Iterator[bool]:
+    """Hold ``directory`` for one process at a time, with a lock the kernel drops when its
+    holder dies; yields whether it got it. A loader waits as long as the holder runs (up to
+    :data:`BUILD_WAIT_S`, saying once on stderr whom it waits for), and :data:`LOCK_WAIT_S`
+    for a holder that is stopped or unknown; ``what`` names the build in that line."""
+    fd = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        start = time.monotonic()
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited >= LOCK_WAIT_S:
+                    if waited >= BUILD_WAIT_S or not _holder_running(fd):
+                        yield False  # stopped, gone or too long: the caller goes without
+                        return
+                    if not told:
+                        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                        print(
+                            f"gpreempt: waiting for process {pid}, which builds {what}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        told = True
+                time.sleep(0.02)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield True
+    finally:
+        os.close(fd)  # drops the lock
+
+
 @contextlib.contextmanager
 def _building(build_dir: Path) -> Iterator[bool]:
-    """Hold the build directory for one process at a time, with a lock the kernel drops when
-    its holder dies.
+    """:func:`build_lock` on the extension's build directory.
 
     ``cpp_extension.load`` serialises its builds with a lock *file* (``lock``) that it creates
     on every load, built or not, and waits forever for while it exists: a process killed while
     holding it (a trainer stopped at start-up) would hang every later one at ``import torch``.
     Under this lock no other loader runs, so such a file is left over and goes.
     """
-    fd = os.open(build_dir / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False  # held (by a stopped process, maybe): the caller goes without
-                    return
-                time.sleep(0.02)
-        with contextlib.suppress(FileNotFoundError):
-            (build_dir / "lock").unlink()
-        yield True
-    finally:
-        os.close(fd)  # drops the lock
+    with build_lock(build_dir, "the launch gate extension") as held:
+        if held:
+            with contextlib.suppress(FileNotFoundError):
+                (build_dir / "lock").unlink()
+        yield held
 
 
 def load_native(*, verbose: bool = False) -> ModuleType:

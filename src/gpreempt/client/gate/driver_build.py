@@ -4,7 +4,8 @@ The library is plain C++ against the CUDA driver and CUPTI headers (``cuda.h``, 
 ``generated_cuda_meta.h``), linked to ``libcupti``; the driver's own functions are looked up in
 the ``libcuda`` that loads it. No PyTorch, no nvcc. It is compiled once per user and source
 (about 2 s with g++) into the same cache as the operator gate
-(:func:`gpreempt.client.gate.build.cache_root`), under a lock the kernel drops with its holder.
+(:func:`gpreempt.client.gate.build.cache_root`), under the same kind of build lock
+(:func:`gpreempt.client.gate.build.build_lock`): a stopped builder is not waited for forever.
 The headers and libraries are found in ``$CUDA_HOME`` (or ``$CUDA_PATH``), the usual toolkit
 places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``, ``nvidia/cuda_cupti``,
 ``nvidia/cuda_runtime``). Build it ahead of time (a container image) with
@@ -13,7 +14,6 @@ places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``, ``nvidia/cu
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import hashlib
 import os
@@ -23,7 +23,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .build import NativeGateUnavailable, cache_root, check_private
+from .build import NativeGateUnavailable, build_lock, cache_root, check_private
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
@@ -116,11 +116,11 @@ def build(*, quiet: bool = True) -> Path:
     target = directory / library_name(includes)
     if target.exists():
         return target
-    fd = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with build_lock(directory, "the driver-level gate") as held:
         if target.exists():
             return target
+        if not held:
+            raise DriverGateUnavailable(f"another process holds the build lock of {directory}")
         if not quiet:
             print(f"gpreempt: building the driver-level gate in {directory}", file=sys.stderr)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
@@ -138,8 +138,6 @@ def build(*, quiet: bool = True) -> Path:
             )
         os.replace(partial, target)
         return target
-    finally:
-        os.close(fd)
 
 
 def main() -> int:

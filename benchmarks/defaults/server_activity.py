@@ -1,0 +1,222 @@
+"""What telling its activity costs an eager server that never calls ``request()``, per way of
+telling it, on GPU 0.
+
+A task that preempts others (``gpreempt run --priority high``) and marks no requests is
+counted active from its launches: its operator gate (PyTorch's operator hook) or, with
+``GPREEMPT_GATE=0``, the driver-level gate (CUDA's launch callbacks) notices each one. An
+eager ResNet-50 b8 request runs about 900 operators and a few hundred kernel launches, so
+what each costs adds up. Copies of the server take turns on the GPU, in rounds whose order is
+shuffled, each serving requests one at a time with exponential gaps (mean 13 ms, about load
+0.5), no queue, each request timed from its call to its result on the host:
+
+* ``ungated``: plain ``python``, no gpreempt (started last);
+* ``control``: a second plain copy (started first): its ratio is the rounds' noise floor;
+* ``operator``: ``gpreempt run --priority high``, the defaults, the operator gate telling its
+  activity;
+* ``driver``: the same with ``GPREEMPT_GATE=0``, the driver-level gate telling it;
+* ``request``: the defaults with each request in ``gpreempt.request()``: its requests tell
+  its activity, and its hook may sleep.
+
+Each gated copy has a daemon of its own, with an idle trainer registered below it
+(``gpreempt run --priority low``, CUDA started, then asleep), so that its activity is needed.
+A configuration's ratio is its median request time over ``ungated``'s in the same round.
+
+    PYTHONPATH=src python3 benchmarks/defaults/server_activity.py --out server_activity.json
+
+Prints a table (median ratio, the spread of the rounds, and the median time in ms) and writes
+every request's time and each copy's gate counters to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = ("ungated", "control", "operator", "driver", "request")
+
+CHILD = r"""
+import json, random, sys, time
+from pathlib import Path
+config, turn_path, me, out_path = sys.argv[1:5]
+import torch
+import gpreempt
+from gpreempt.bench.builtin_workloads import resnet50_server
+from gpreempt.bench.workloads import gate_stats
+handle = resnet50_server(8, graph=False)
+for _ in range(30):
+    handle()
+marked = config == "request"
+rng = random.Random(me)
+turn_file, out = Path(turn_path), Path(out_path)
+out.write_text("")
+done = set()
+while True:
+    word = turn_file.read_text().strip() if turn_file.exists() else ""
+    if word == "stop":
+        break
+    who, _, rest = word.partition(":")
+    if who != me or rest in done:
+        time.sleep(0.002)
+        continue
+    count = int(rest.split(":")[1])
+    ms = []
+    for _ in range(count):
+        time.sleep(rng.expovariate(1 / 0.013))
+        start = time.perf_counter()
+        if marked:
+            with gpreempt.request():
+                handle()
+        else:
+            handle()
+        ms.append((time.perf_counter() - start) * 1e3)
+    done.add(rest)
+    with out.open("a") as f:
+        f.write(json.dumps({"turn": rest, "ms": ms, "gate": gate_stats()}) + "\n")
+"""
+
+IDLE_TRAINER = "import torch, time; torch.ones(1, device='cuda').add_(1); time.sleep(100000)"
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPREEMPT_")}
+    env.pop("CUDA_INJECTION64_PATH", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _lines(path: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def _start_daemon(gp: list[str], runtime: Path, env: dict[str, str]) -> subprocess.Popen:
+    runtime.mkdir(mode=0o700)
+    daemon = subprocess.Popen(
+        [*gp, "serve", "--runtime-dir", str(runtime)], env=env, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 20
+    while not (runtime / "gpreempt.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return daemon
+
+
+def measure(rounds: int, requests: int, work: Path) -> list[dict]:
+    """Every turn of every configuration, interleaved."""
+    gp = [sys.executable, "-m", "gpreempt"]
+    env = _clean_env()
+    procs: list[subprocess.Popen] = []
+    turn = work / "turn"
+    turn.write_text("")
+    ids = {c: f"c{i}" for i, c in enumerate(CONFIGS)}
+    outs = {c: work / f"{ids[c]}.jsonl" for c in CONFIGS}
+
+    def child(config: str) -> list[str]:
+        return [sys.executable, "-c", CHILD, config, str(turn), ids[config], str(outs[config])]
+
+    try:
+        procs.append(subprocess.Popen(child("control"), env=env))
+        for config in ("operator", "driver", "request"):
+            runtime = work / f"rt-{config}"
+            procs.append(_start_daemon(gp, runtime, env))
+            run = [*gp, "run", "--runtime-dir", str(runtime)]
+            idle = [*run, "--priority", "low", "--", sys.executable, "-c", IDLE_TRAINER]
+            procs.append(subprocess.Popen(idle, env=env))
+            server_env = {**env, "GPREEMPT_GATE": "0"} if config == "driver" else env
+            procs.append(
+                subprocess.Popen([*run, "--priority", "high", "--", *child(config)], env=server_env)
+            )
+        procs.append(subprocess.Popen(child("ungated"), env=env))
+        deadline = time.monotonic() + 300
+        while not all(p.exists() for p in outs.values()):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                raise RuntimeError("a server did not start")
+            time.sleep(0.2)
+        turns = []
+        for r in range(rounds):
+            order = list(CONFIGS)
+            random.shuffle(order)
+            for config in order:
+                key = f"{r}:{requests}"
+                turn.write_text(f"{ids[config]}:{key}")
+                deadline = time.monotonic() + requests * 0.2 + 60
+                while not any(x["turn"] == key for x in _lines(outs[config])):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{config} did not finish round {r}")
+                    time.sleep(0.01)
+                turn.write_text("")
+                time.sleep(0.3)
+            print(f"  round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+        for config in CONFIGS:
+            turns += [{"config": config, **x} for x in _lines(outs[config])]
+        return turns
+    finally:
+        turn.write_text("stop")
+        time.sleep(0.5)
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def ratios(turns: list[dict], config: str) -> list[float]:
+    """Per round: the median request time of ``config`` over ``ungated``'s."""
+    median = {(t["config"], t["turn"]): statistics.median(t["ms"]) for t in turns if t["ms"]}
+    return [
+        median[(config, key)] / median[("ungated", key)]
+        for (c, key) in median
+        if c == config and ("ungated", key) in median
+    ]
+
+
+def _counters(gate: dict | None) -> str:
+    """The gates' counters that say who told the activity: the operator hook's launches
+    (counted while it was awake), activations and sleeps; the driver-level gate's launches."""
+    if not gate:
+        return "no gate"
+    said = [f"{k} {gate[k]}" for k in ("launches", "activations", "sleeps", "asleep") if k in gate]
+    driver = gate.get("driver") or {}
+    said += [f"{k} {v}" for k, v in driver.items() if k in ("driver_launches", "driver_asleep")]
+    return ", ".join(said)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=60, help="per configuration and round")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpreempt-server-activity-") as tmp:
+        turns = measure(args.rounds, args.requests, Path(tmp))
+    Path(args.out).write_text(
+        json.dumps({"rounds": args.rounds, "requests": args.requests, "turns": turns})
+    )
+    print(f"{'config':9s} request time over ungated's: median [min-max] over rounds; median ms")
+    for config in CONFIGS[1:]:
+        r = ratios(turns, config)
+        ms = [m for t in turns if t["config"] == config for m in t["ms"]]
+        if r:
+            print(
+                f"{config:9s} {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}] "
+                f"n={len(r)}; {statistics.median(ms):.2f} ms"
+            )
+    for config in CONFIGS[2:]:
+        gates = [t["gate"] for t in turns if t["config"] == config]
+        print(f"{config:9s} at the end: {_counters(gates[-1] if gates else None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
