@@ -21,15 +21,18 @@ Each gated copy has a daemon of its own, with an idle trainer registered below i
 (``gpreempt run --priority low``, CUDA started, then asleep), so that its activity is needed.
 A configuration's ratio is its median request time over ``ungated``'s in the same round.
 
-    PYTHONPATH=src python3 benchmarks/defaults/server_activity.py --out server_activity.json
+    PYTHONPATH=src python3 benchmarks/defaults/server_activity.py --out server_activity.json.gz
 
-Prints a table (median ratio, the spread of the rounds, and the median time in ms) and writes
-every request's time and each copy's gate counters to ``--out``.
+Prints a table (each configuration's ratio to ``ungated`` and to ``operator``, per round by
+the means of its requests: the median, the spread and the rounds it was faster in; the mean
+and median of all its requests) and writes every request's time and each copy's gate
+counters to ``--out``; ``--table FILE`` prints the table of a file written before.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -86,7 +89,12 @@ IDLE_TRAINER = "import torch, time; torch.ones(1, device='cuda').add_(1); time.s
 
 
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPREEMPT_")}
+    # no setting of gpreempt's but where its gates are built
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPREEMPT_") or k == "GPREEMPT_CACHE_DIR"
+    }
     env.pop("CUDA_INJECTION64_PATH", None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -171,21 +179,49 @@ def measure(rounds: int, requests: int, work: Path) -> list[dict]:
                 p.kill()
 
 
-def ratios(turns: list[dict], config: str) -> list[float]:
-    """Per round: the median request time of ``config`` over ``ungated``'s."""
-    median = {(t["config"], t["turn"]): statistics.median(t["ms"]) for t in turns if t["ms"]}
+def ratios(turns: list[dict], config: str, against: str = "ungated") -> list[float]:
+    """Per round: the mean request time of ``config`` over ``against``'s (the means, since a
+    turn's times fall in two modes, about 5 and 7 ms, whose share moves the medians)."""
+    mean = {(t["config"], t["turn"]): statistics.mean(t["ms"]) for t in turns if t["ms"]}
     return [
-        median[(config, key)] / median[("ungated", key)]
-        for (c, key) in median
-        if c == config and ("ungated", key) in median
+        mean[(config, key)] / mean[(against, key)]
+        for (c, key) in mean
+        if c == config and (against, key) in mean
     ]
+
+
+def table(turns: list[dict]) -> str:
+    """Per configuration: its ratio to ``ungated`` and to ``operator`` (median [min-max] over
+    rounds, and the rounds it was faster in), and the mean and median of all its requests."""
+    lines = [f"{'config':9s} {'of ungated':24s} {'of operator':30s} mean / median ms"]
+    for config in CONFIGS:
+        ms = [m for t in turns if t["config"] == config for m in t["ms"]]
+        if not ms:
+            continue
+        cells = []
+        for against in ("ungated", "operator"):
+            r = ratios(turns, config, against) if config != against else []
+            faster = sum(x < 1 for x in r)
+            cells.append(
+                f"{statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}] {faster}/{len(r)}"
+                if r
+                else "-"
+            )
+        lines.append(
+            f"{config:9s} {cells[0]:24s} {cells[1]:30s} "
+            f"{statistics.mean(ms):.2f} / {statistics.median(ms):.2f}"
+        )
+    for config in CONFIGS[2:]:
+        gates = [t["gate"] for t in turns if t["config"] == config]
+        lines.append(f"{config:9s} at the end: {_counters(gates[-1] if gates else None)}")
+    return "\n".join(lines)
 
 
 def _counters(gate: dict | None) -> str:
     """The gates' counters that say who told the activity: the operator hook's launches
     (counted while it was awake), activations and sleeps; the driver-level gate's launches."""
     if not gate:
-        return "no gate"
+        return "none in the session (a driver-level gate runs on a channel of its own)"
     said = [f"{k} {gate[k]}" for k in ("launches", "activations", "sleeps", "asleep") if k in gate]
     driver = gate.get("driver") or {}
     said += [f"{k} {v}" for k, v in driver.items() if k in ("driver_launches", "driver_asleep")]
@@ -196,26 +232,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--requests", type=int, default=60, help="per configuration and round")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="write every turn here (JSON, .gz to compress)")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a run written before")
     args = parser.parse_args()
+    if args.table:
+        print(table(_read(Path(args.table))["turns"]))
+        return 0
+    if not args.out:
+        parser.error("--out is required to measure")
     with tempfile.TemporaryDirectory(prefix="gpreempt-server-activity-") as tmp:
         turns = measure(args.rounds, args.requests, Path(tmp))
-    Path(args.out).write_text(
-        json.dumps({"rounds": args.rounds, "requests": args.requests, "turns": turns})
-    )
-    print(f"{'config':9s} request time over ungated's: median [min-max] over rounds; median ms")
-    for config in CONFIGS[1:]:
-        r = ratios(turns, config)
-        ms = [m for t in turns if t["config"] == config for m in t["ms"]]
-        if r:
-            print(
-                f"{config:9s} {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}] "
-                f"n={len(r)}; {statistics.median(ms):.2f} ms"
-            )
-    for config in CONFIGS[2:]:
-        gates = [t["gate"] for t in turns if t["config"] == config]
-        print(f"{config:9s} at the end: {_counters(gates[-1] if gates else None)}")
+    _write(Path(args.out), {"rounds": args.rounds, "requests": args.requests, "turns": turns})
+    print(table(turns))
     return 0
+
+
+def _read(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _write(path: Path, result: dict) -> None:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,12 @@ while True:
 
 
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPREEMPT_")}
+    # no setting of gpreempt's but where its gates are built
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPREEMPT_") or k == "GPREEMPT_CACHE_DIR"
+    }
     env.pop("CUDA_INJECTION64_PATH", None)
     env["PYTHONUNBUFFERED"] = "1"
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
