@@ -40,6 +40,7 @@ from ..mechanisms.cuda_driver import release_process
 from ..messages import RegisterRequest, TaskFields
 from ..runtime_dir import read_only
 from .connection import DaemonClient
+from .framework_settings import framework_settings
 
 #: How long to wait for a daemon we started to answer.
 DAEMON_START_TIMEOUT_S = 10.0
@@ -162,8 +163,8 @@ def _env_with_package(env: dict[str, str]) -> dict[str, str]:
 
 
 def child_environment(runtime_dir: Path, spec: TaskFields | None = None) -> dict[str, str]:
-    """The command's environment: where the daemon is, the in-process client on PYTHONPATH,
-    and the driver-level gate in ``CUDA_INJECTION64_PATH`` (for ``spec``'s task)."""
+    """The command's environment: where the daemon is, the in-process client on PYTHONPATH;
+    for ``spec``'s task, the driver-level gate and :mod:`.framework_settings`."""
     env = os.environ.copy()
     env[ENV_RUNTIME_DIR] = str(runtime_dir.resolve())
     env[ENV_TASK_ID] = "1"
@@ -179,6 +180,8 @@ def child_environment(runtime_dir: Path, spec: TaskFields | None = None) -> dict
         env.update(extra)
         if note:
             say(note)
+    if spec is not None:
+        env.update(framework_settings(env, spec.priority))
     return _env_with_package(env)
 
 
