@@ -34,14 +34,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from gpreempt.bench import turns
 
 CONFIGS = ("ungated", "control", "operator", "driver", "request")
 
@@ -88,40 +88,9 @@ while True:
 IDLE_TRAINER = "import torch, time; torch.ones(1, device='cuda').add_(1); time.sleep(100000)"
 
 
-def _clean_env() -> dict[str, str]:
-    # no setting of gpreempt's but where its gates are built
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("GPREEMPT_") or k == "GPREEMPT_CACHE_DIR"
-    }
-    env.pop("CUDA_INJECTION64_PATH", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _lines(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return []
-
-
-def _start_daemon(gp: list[str], runtime: Path, env: dict[str, str]) -> subprocess.Popen:
-    runtime.mkdir(mode=0o700)
-    daemon = subprocess.Popen(
-        [*gp, "serve", "--runtime-dir", str(runtime)], env=env, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 20
-    while not (runtime / "gpreempt.sock").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return daemon
-
-
 def measure(rounds: int, requests: int, work: Path) -> list[dict]:
     """Every turn of every configuration, interleaved."""
-    gp = [sys.executable, "-m", "gpreempt"]
-    env = _clean_env()
+    env = turns.clean_env()
     procs: list[subprocess.Popen] = []
     turn = work / "turn"
     turn.write_text("")
@@ -135,8 +104,8 @@ def measure(rounds: int, requests: int, work: Path) -> list[dict]:
         procs.append(subprocess.Popen(child("control"), env=env))
         for config in ("operator", "driver", "request"):
             runtime = work / f"rt-{config}"
-            procs.append(_start_daemon(gp, runtime, env))
-            run = [*gp, "run", "--runtime-dir", str(runtime)]
+            procs.append(turns.start_daemon(runtime, env))
+            run = turns.run_under(runtime)
             idle = [*run, "--priority", "low", "--", sys.executable, "-c", IDLE_TRAINER]
             procs.append(subprocess.Popen(idle, env=env))
             server_env = {**env, "GPREEMPT_GATE": "0"} if config == "driver" else env
@@ -144,39 +113,17 @@ def measure(rounds: int, requests: int, work: Path) -> list[dict]:
                 subprocess.Popen([*run, "--priority", "high", "--", *child(config)], env=server_env)
             )
         procs.append(subprocess.Popen(child("ungated"), env=env))
-        deadline = time.monotonic() + 300
-        while not all(p.exists() for p in outs.values()):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                raise RuntimeError("a server did not start")
-            time.sleep(0.2)
-        turns = []
+        turns.wait_started(list(outs.values()), procs)
         for r in range(rounds):
             order = list(CONFIGS)
             random.shuffle(order)
             for config in order:
                 key = f"{r}:{requests}"
-                turn.write_text(f"{ids[config]}:{key}")
-                deadline = time.monotonic() + requests * 0.2 + 60
-                while not any(x["turn"] == key for x in _lines(outs[config])):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{config} did not finish round {r}")
-                    time.sleep(0.01)
-                turn.write_text("")
-                time.sleep(0.3)
+                turns.give_turn(turn, ids[config], key, outs[config], requests * 0.2 + 60)
             print(f"  round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        for config in CONFIGS:
-            turns += [{"config": config, **x} for x in _lines(outs[config])]
-        return turns
+        return [{"config": c, **x} for c in CONFIGS for x in turns.read_lines(outs[c])]
     finally:
-        turn.write_text("stop")
-        time.sleep(0.5)
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        turns.stop_all(turn, procs)
 
 
 def ratios(turns: list[dict], config: str, against: str = "ungated") -> list[float]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gpreempt.bench import turns
 
 CONFIGS = ("ungated", "control", "defaults", "awake")
 KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
@@ -90,32 +91,11 @@ while True:
 """
 
 
-def _clean_env() -> dict[str, str]:
-    # no setting of gpreempt's but where its gates are built
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("GPREEMPT_") or k == "GPREEMPT_CACHE_DIR"
-    }
-    env.pop("CUDA_INJECTION64_PATH", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    return env
-
-
-def _lines(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return []
-
-
 def measure_kind(
     kind: str, rounds: int, turn_s: float, work: Path, variants: tuple[str, ...] = ()
 ) -> list[dict]:
     """Every turn of ``kind`` under each configuration, interleaved."""
-    gp = [sys.executable, "-m", "gpreempt"]
-    env = _clean_env()
+    env = {**turns.clean_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     procs: list[subprocess.Popen] = []
     turn = work / f"{kind}.turn"
     turn.write_text("")
@@ -123,63 +103,41 @@ def measure_kind(
     ids = {c: f"c{i}" for i, c in enumerate(configs)}  # turn words name no variable
     outs = {c: work / f"{kind}.{ids[c]}.jsonl" for c in configs}
     gated = [("defaults", None), ("awake", "0"), *((f"awake:{v}", "0") for v in variants)]
+
+    def child(config: str) -> list[str]:
+        return [sys.executable, "-c", CHILD, kind, str(turn), ids[config], str(outs[config])]
+
     try:
-        control = [sys.executable, "-c", CHILD, kind, str(turn), ids["control"]]
-        procs.append(subprocess.Popen([*control, str(outs["control"])], env=env))
+        procs.append(subprocess.Popen(child("control"), env=env))
         for i, (config, sleep_after) in enumerate(gated):
             runtime = work / f"rt-{kind}-{i}"
-            runtime.mkdir(mode=0o700)
-            serve = [*gp, "serve", "--runtime-dir", str(runtime)]
-            serve += ["--sleep-after-s", sleep_after] if sleep_after else []
-            procs.append(subprocess.Popen(serve, env=env, stderr=subprocess.DEVNULL))
-            deadline = time.monotonic() + 20
-            while not (runtime / "gpreempt.sock").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            run = [*gp, "run", "--runtime-dir", str(runtime)]
+            options = ["--sleep-after-s", sleep_after] if sleep_after else []
+            procs.append(turns.start_daemon(runtime, env, options))
+            run = turns.run_under(runtime)
             procs.append(
                 subprocess.Popen([*run, "--priority", "high", "--", "sleep", "100000"], env=env)
             )
-            child = [sys.executable, "-c", CHILD, kind, str(turn), ids[config], str(outs[config])]
             name, _, value = config.partition(":")[2].partition("=")
             child_env = {**env, name: value} if name else env
-            procs.append(subprocess.Popen([*run, "--priority", "low", "--", *child], env=child_env))
-        child = [sys.executable, "-c", CHILD, kind, str(turn), ids["ungated"], str(outs["ungated"])]
-        procs.append(subprocess.Popen(child, env=env))
-        deadline = time.monotonic() + 300
-        while not all(p.exists() for p in outs.values()):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                raise RuntimeError(f"{kind}: a trainer did not start")
-            time.sleep(0.2)
+            procs.append(
+                subprocess.Popen([*run, "--priority", "low", "--", *child(config)], env=child_env)
+            )
+        procs.append(subprocess.Popen(child("ungated"), env=env))
+        turns.wait_started(list(outs.values()), procs)
         time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
-        turns = []
         for r in range(rounds):
             order = list(configs)
             random.shuffle(order)
             for config in order:
-                key = f"{r}:{turn_s}"
-                turn.write_text(f"{ids[config]}:{key}")
-                deadline = time.monotonic() + turn_s * 10 + 60
-                while not any(x["turn"] == key for x in _lines(outs[config])):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{kind}: {config} did not finish round {r}")
-                    time.sleep(0.01)
-                turn.write_text("")
-                time.sleep(0.3)  # the next one starts from an idle GPU
+                turns.give_turn(turn, ids[config], f"{r}:{turn_s}", outs[config], turn_s * 10 + 60)
             print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        for config in configs:
-            for x in _lines(outs[config]):
-                turns.append({"kind": kind, "config": config, **x})
-        return turns
+        return [
+            {"kind": kind, "config": config, **x}
+            for config in configs
+            for x in turns.read_lines(outs[config])
+        ]
     finally:
-        turn.write_text("stop")
-        time.sleep(0.5)
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        turns.stop_all(turn, procs)
 
 
 def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
