@@ -12,21 +12,11 @@ from gpreempt.bench import turns
 
 #: A process that, when its id has the turn, appends one line naming the turn.
 TAKER = r"""
-import json, sys, time
+import sys
 from pathlib import Path
+from gpreempt.bench import turns
 turn, me, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-out.write_text("")
-done = set()
-while True:
-    word = turn.read_text().strip() if turn.exists() else ""
-    if word == "stop":
-        break
-    who, _, key = word.partition(":")
-    if who == me and key not in done:
-        done.add(key)
-        with out.open("a") as f:
-            f.write(json.dumps({"turn": key, "me": me}) + "\n")
-    time.sleep(0.005)
+turns.take_turns(turn, me, out, lambda key: {"me": me})
 """
 
 

@@ -46,11 +46,12 @@ from gpreempt.bench import turns
 CONFIGS = ("ungated", "control", "operator", "driver", "request")
 
 CHILD = r"""
-import json, random, sys, time
+import random, sys, time
 from pathlib import Path
 config, turn_path, me, out_path = sys.argv[1:5]
 import torch
 import gpreempt
+from gpreempt.bench import turns
 from gpreempt.bench.builtin_workloads import resnet50_server
 from gpreempt.bench.workloads import gate_stats
 handle = resnet50_server(8, graph=False)
@@ -58,20 +59,10 @@ for _ in range(30):
     handle()
 marked = config == "request"
 rng = random.Random(me)
-turn_file, out = Path(turn_path), Path(out_path)
-out.write_text("")
-done = set()
-while True:
-    word = turn_file.read_text().strip() if turn_file.exists() else ""
-    if word == "stop":
-        break
-    who, _, rest = word.partition(":")
-    if who != me or rest in done:
-        time.sleep(0.002)
-        continue
-    count = int(rest.split(":")[1])
+
+def run(key):
     ms = []
-    for _ in range(count):
+    for _ in range(int(key.split(":")[1])):
         time.sleep(rng.expovariate(1 / 0.013))
         start = time.perf_counter()
         if marked:
@@ -80,9 +71,9 @@ while True:
         else:
             handle()
         ms.append((time.perf_counter() - start) * 1e3)
-    done.add(rest)
-    with out.open("a") as f:
-        f.write(json.dumps({"turn": rest, "ms": ms, "gate": gate_stats()}) + "\n")
+    return {"ms": ms, "gate": gate_stats()}
+
+turns.take_turns(Path(turn_path), me, Path(out_path), run)
 """
 
 IDLE_TRAINER = "import torch, time; torch.ones(1, device='cuda').add_(1); time.sleep(100000)"

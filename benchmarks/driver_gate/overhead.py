@@ -44,10 +44,10 @@ CONFIGS = ("ungated", "control", "defaults", "awake")
 KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
 
 CHILD = r"""
-import json, sys, time
+import sys, time
 from pathlib import Path
 kind, turn_path, me, out_path = sys.argv[1:5]
-from gpreempt.bench import builtin_workloads as w
+from gpreempt.bench import builtin_workloads as w, turns
 if kind in ("cupy", "cupy-torch"):
     step = w.cupy_trainer(with_torch=kind == "cupy-torch")
 elif kind in ("jax", "jax-torch"):
@@ -66,28 +66,19 @@ token = None
 for _ in range(15):
     token = step()
 drain(token)
-turn_file, out = Path(turn_path), Path(out_path)
-out.write_text("")
-done = set()
-while True:
-    word = turn_file.read_text().strip() if turn_file.exists() else ""
-    if word == "stop":
-        break
-    who, _, rest = word.partition(":")
-    if who != me or rest in done:
-        time.sleep(0.002)
-        continue
-    seconds = float(rest.split(":")[1])
+
+def run(key):
+    global token
+    seconds = float(key.split(":")[1])
     start = time.perf_counter()
     steps = 0
     while time.perf_counter() - start < seconds:
         token = step()
         steps += 1
     drain(token)
-    elapsed = time.perf_counter() - start
-    done.add(rest)
-    with out.open("a") as f:
-        f.write(json.dumps({"turn": rest, "steps": steps, "s": elapsed}) + "\n")
+    return {"steps": steps, "s": time.perf_counter() - start}
+
+turns.take_turns(Path(turn_path), me, Path(out_path), run)
 """
 
 

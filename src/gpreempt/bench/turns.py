@@ -3,8 +3,9 @@ program side by side (``benchmarks/driver_gate/overhead.py``,
 ``benchmarks/defaults/server_activity.py``).
 
 Each configuration is a long-lived process, started once (its start-up, compiling and warming
-up, costs no turn); the benchmark writes whose turn it is into a file, and the process whose
-id it names runs for one turn and appends a JSON line of what it measured to its own file.
+up, costs no turn); the benchmark writes whose turn it is into a file (:func:`give_turn`), and
+the process whose id it names runs for one turn and appends a JSON line of what it measured to
+its own file (:func:`take_turns`).
 Rounds in shuffled order then compare the configurations on the same GPU at nearly the same
 moment.
 """
@@ -16,8 +17,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 #: The command that runs gpreempt's CLI in a child.
 GPREEMPT = (sys.executable, "-m", "gpreempt")
@@ -101,3 +103,23 @@ def stop_all(turn: Path, procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(20)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def take_turns(turn: Path, me: str, out: Path, run: Callable[[str], dict[str, Any]]) -> None:
+    """The side of the process that takes turns: create ``out`` (it has started), then each
+    time ``turn`` gives ``me`` a turn it has not run (``ME:KEY``), append ``{"turn": KEY,
+    **run(KEY)}`` to ``out``; return once ``turn`` says ``stop``."""
+    out.write_text("")
+    done: set[str] = set()
+    while True:
+        word = turn.read_text().strip() if turn.exists() else ""
+        if word == "stop":
+            return
+        who, _, key = word.partition(":")
+        if who != me or key in done:
+            time.sleep(0.002)
+            continue
+        result = run(key)
+        done.add(key)
+        with out.open("a") as f:
+            f.write(json.dumps({"turn": key, **result}) + "\n")
