@@ -113,7 +113,9 @@ for group in "$@"; do
     together) kinds=${TRAINERS:-transformer-sync transformer-compiled cupy-torch jax-torch}
       n=$(echo $kinds | wc -w)
       bench together $((REPEATS * (30 + 70 * n) + 90)) --case-b "$(echo $kinds | tr ' ' ,)"
-      for kind in $kinds; do keep "$(cell_name "$kind")" "$work/together/$kind"; done ;;
+      for kind in $kinds; do  # one trainer's bench writes its results in place
+        keep "$(cell_name "$kind")" "$work/together$([ "$n" -gt 1 ] && echo "/$kind")"
+      done ;;
     cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
       cell cpp --case-b-cmd "$work/cpp_trainer" ;;
     *) echo "unknown group $group" ;;
