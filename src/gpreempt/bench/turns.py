@@ -5,9 +5,8 @@ program side by side (``benchmarks/driver_gate/overhead.py``,
 Each configuration is a long-lived process, started once (its start-up, compiling and warming
 up, costs no turn); the benchmark writes whose turn it is into a file (:func:`give_turn`), and
 the process whose id it names runs for one turn and appends a JSON line of what it measured to
-its own file (:func:`take_turns`).
-Rounds in shuffled order then compare the configurations on the same GPU at nearly the same
-moment.
+its own file (:func:`take_turns`). Rounds in shuffled order then compare the configurations on
+the same GPU at nearly the same moment.
 """
 
 from __future__ import annotations
