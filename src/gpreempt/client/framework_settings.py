@@ -11,7 +11,8 @@ the server was counted busy for. With command buffers off it launches its kernel
 
 So a task below ``high`` gets ``--xla_gpu_enable_command_buffer=`` (off) in its ``XLA_FLAGS``,
 unless the flag is already there (the user's choice stands) or
-``GPREEMPT_XLA_COMMAND_BUFFERS=1``. Nothing else in the program changes: the flag tunes how XLA
+``GPREEMPT_XLA_COMMAND_BUFFERS=1`` (which an XLA older than the flag, late 2023, needs: it
+refuses flags it does not know). Nothing else in the program changes: the flag tunes how XLA
 submits the same computation.
 """
 
