@@ -9,12 +9,14 @@ import pytest
 from conftest import gpreempt
 
 from gpreempt.client.framework_settings import framework_settings
+from gpreempt.errors import UsageError
 from gpreempt.priority import NAMED
 
 LOW, HIGH = NAMED["low"], NAMED["high"]
 
 
-def test_a_task_that_may_be_preempted_gets_xla_command_buffers_off() -> None:
+def test_a_task_that_may_be_preempted_gets_xla_command_buffers_off(monkeypatch) -> None:
+    monkeypatch.delenv("GPREEMPT_XLA_COMMAND_BUFFERS", raising=False)
     assert framework_settings({}, LOW) == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
 
 
@@ -25,15 +27,16 @@ def test_the_users_other_xla_flags_stay() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"},  # the user chose
-        {"GPREEMPT_XLA_COMMAND_BUFFERS": "1"},  # kept on purpose
-    ],
-)
-def test_a_choice_of_the_user_stands(env: dict[str, str]) -> None:
-    assert framework_settings(env, LOW) == {}
+def test_a_choice_of_the_user_stands(monkeypatch) -> None:
+    assert framework_settings({"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"}, LOW) == {}
+    monkeypatch.setenv("GPREEMPT_XLA_COMMAND_BUFFERS", "1")  # kept on purpose
+    assert framework_settings({}, LOW) == {}
+
+
+def test_a_setting_that_is_no_switch_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("GPREEMPT_XLA_COMMAND_BUFFERS", "maybe")
+    with pytest.raises(UsageError, match="GPREEMPT_XLA_COMMAND_BUFFERS"):
+        framework_settings({}, LOW)
 
 
 def test_a_task_that_preempts_others_keeps_its_graphs() -> None:

@@ -20,6 +20,8 @@ ENV_GRACE_MS = "GPREEMPT_IDLE_GRACE_MS"
 ENV_GATE = "GPREEMPT_GATE"
 ENV_LINGER_MS = "GPREEMPT_REQUEST_LINGER_MS"
 ENV_REQUEST_WARM = "GPREEMPT_REQUEST_WARM"
+#: ``1`` keeps XLA's command buffers in a task that may be preempted (client/framework_settings.py).
+ENV_XLA_COMMAND_BUFFERS = "GPREEMPT_XLA_COMMAND_BUFFERS"
 
 SOCKET_NAME = "gpreempt.sock"
 LOCK_NAME = "daemon.lock"

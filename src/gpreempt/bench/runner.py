@@ -98,20 +98,24 @@ class BenchConfig:
         make_plan({}, 1.0, self.ballast_gib, self.growth_gib, self.reserve_gib, self.growth_at_s)
 
 
+def assignments(items: Sequence[str], where: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=VALUE`` words as pairs; UsageError, naming ``where``, for a word without ``=``
+    or a name."""
+    pairs = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise UsageError(f"{where}: {item!r} is not NAME=VALUE")
+        pairs.append((name.strip(), value))
+    return tuple(pairs)
+
+
 def trainer_spec(spec: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """A ``--case-b`` entry's kind and its own settings: ``KIND+NAME=VALUE+...`` -> (KIND,
     ((NAME, VALUE), ...)). A setting without ``=`` or a name is a usage error."""
     kind, *settings = spec.split("+")
-    pairs = []
-    for setting in settings:
-        name, eq, value = setting.partition("=")
-        if not eq or not name.strip():
-            raise UsageError(
-                f"--case-b {spec!r}: {setting!r} is not NAME=VALUE (write "
-                "KIND+NAME=VALUE, e.g. transformer-sync+GPREEMPT_DRIVER_GATE=0)"
-            )
-        pairs.append((name.strip(), value))
-    return kind.strip(), tuple(pairs)
+    where = f"--case-b {spec!r} (KIND+NAME=VALUE, e.g. transformer-sync+GPREEMPT_DRIVER_GATE=0)"
+    return kind.strip(), assignments(settings, where)
 
 
 def scenario_order(names: Sequence[str]) -> list[str]:

@@ -347,10 +347,6 @@ def _case_b_kinds(text: str) -> tuple[str, ...]:
 
 def _assignments(items: list[str], option: str) -> tuple[tuple[str, str], ...]:
     """``NAME=VALUE`` words as pairs; a word without ``=`` or a name is a usage error."""
-    pairs = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"{option} {item!r}: give NAME=VALUE")
-        pairs.append((name.strip(), value))
-    return tuple(pairs)
+    from ..bench.runner import assignments
+
+    return assignments(items, option)

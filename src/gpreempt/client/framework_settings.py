@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..config import ENV_XLA_COMMAND_BUFFERS, env_switch
 from ..priority import NAMED
 
-#: ``1`` keeps XLA's command buffers in a task that may be preempted.
-ENV_KEEP_XLA_GRAPHS = "GPREEMPT_XLA_COMMAND_BUFFERS"
 XLA_FLAGS = "XLA_FLAGS"
 #: XLA's flag (an empty list: off).
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
@@ -31,10 +30,9 @@ COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
 
 def framework_settings(env: Mapping[str, str], priority: int) -> dict[str, str]:
     """The variables to set in the environment ``env`` of a command of a task of this
-    priority (empty where none): XLA's command buffers off below ``high``."""
-    if priority >= NAMED["high"]:
-        return {}
-    if env.get(ENV_KEEP_XLA_GRAPHS, "").strip().lower() in ("1", "true", "yes", "on"):
+    priority (empty where none): XLA's command buffers off below ``high``. UsageError for a
+    ``GPREEMPT_XLA_COMMAND_BUFFERS`` that is no switch."""
+    if priority >= NAMED["high"] or env_switch(ENV_XLA_COMMAND_BUFFERS):
         return {}
     flags = env.get(XLA_FLAGS, "")
     if COMMAND_BUFFER_FLAG in flags:

@@ -136,16 +136,15 @@ def _import_built(name: str, built: Path) -> ModuleType:
     return module
 
 
-def _holder_running(fd: int) -> bool:
-    """Whether the process whose pid the holder of the lock wrote into its file is alive and
-    not stopped (its state in ``/proc``): then it is building."""
+def _running_holder(fd: int) -> int | None:
+    """The pid the holder of the lock wrote into its file, if that process is alive and not
+    stopped (its state in ``/proc``): then it is building. None else."""
     try:
         pid = int(os.pread(fd, 32, 0).split()[0])
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
     except (ValueError, IndexError, OSError):
-        return False
-    state = stat_line.rpartition(")")[2].split()[:1]
-    return bool(state) and state[0] not in ("T", "t", "Z", "X")
+        return None
+    return pid if state and state[0] not in ("T", "t", "Z", "X") else None
 
 
 @contextlib.contextmanager
@@ -165,11 +164,11 @@ def build_lock(directory: Path, what: str) -> Iterator[bool]:
             except BlockingIOError:
                 waited = time.monotonic() - start
                 if waited >= LOCK_WAIT_S:
-                    if waited >= BUILD_WAIT_S or not _holder_running(fd):
+                    pid = _running_holder(fd)
+                    if waited >= BUILD_WAIT_S or pid is None:
                         yield False  # stopped, gone or too long: the caller goes without
                         return
                     if not told:
-                        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
                         print(
                             f"gpreempt: waiting for process {pid}, which builds {what}",
                             file=sys.stderr,
