@@ -1,10 +1,12 @@
 // What the parts of the driver-level gate's mark cost: a loop of spinning kernels (5 us and
 // 30 us, 132 blocks) on one stream, with a mark after every second launch built of each part
 // in turn (timed and untimed events, waits on a host-mapped or a device word, one by one or in
-// one cuStreamBatchMemOp call, the gate's mark as it was and as it is). Per mark against no
-// mark, by the median of 4 interleaved rounds: the wall time of the loop with its GPU work
-// (what the GPU loses), and the loop's CPU time where it does not wait for the GPU. The
-// gate's marks now are the last row, and one in 8 adds two timed events.
+// one cuStreamBatchMemOp call, a 64-bit wait on two adjacent words, the gate's mark as it was
+// and as it is). Per mark against no mark, by the median of 4 interleaved rounds: the wall
+// time of the loop with its GPU work (what the GPU loses), and the loop's CPU time where it
+// does not wait for the GPU. The gate's marks now are the last row (beside a server that does
+// not mark its requests; one that does needs no 64-bit wait), and one in 32 adds two timed
+// events.
 //   nvcc -O2 -o barrier_cost benchmarks/driver_gate/barrier_cost.cu -lcuda && ./barrier_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -35,8 +37,9 @@ int main() {
   for (auto& e : evt) CK(cuEventCreate(&e, CU_EVENT_DEFAULT));
   for (auto& e : evd) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   const char* names[] = {"none", "ev-timing x2", "ev-notiming x2", "wait-host x1", "wait-host x3",
-                         "batch-host x3", "wait-dev x3", "ev+3w+ev (before)", "ev+batch3+ev",
-                         "batch3+untimed ev (now)"};
+                         "batch-host x3", "wait-dev x3", "ev+3w+ev (earlier)", "ev+batch3+ev",
+                         "batch3+untimed ev (before)", "wait-host64 x1", "batch 32+64",
+                         "batch 32+64+untimed ev (now)"};
   const int V = sizeof(names) / sizeof(names[0]);
   CUstreamBatchMemOpParams ops[3];
   memset(ops, 0, sizeof(ops));
@@ -46,6 +49,15 @@ int main() {
     ops[k].waitValue.value = 0;
     ops[k].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
   }
+  // the gate's barrier beside a server that does not mark its requests: its own word, then the
+  // server's two activity words in one 64-bit wait
+  CUstreamBatchMemOpParams pair[2];
+  memset(pair, 0, sizeof(pair));
+  pair[0] = ops[0];
+  pair[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  pair[1].waitValue.address = hdev + 8;
+  pair[1].waitValue.value64 = 0;
+  pair[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
   auto put = [&](int v, int& ei) {
     switch (v) {
       case 0: break;
@@ -70,6 +82,9 @@ int main() {
         CK(cuEventRecord(evt[ei++], s));
         break;
       case 9: CK(cuStreamBatchMemOp(s, 3, ops, 0)); CK(cuEventRecord(evd[ei++], s)); break;
+      case 10: CK(cuStreamWaitValue64(s, hdev + 8, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
+      case 11: CK(cuStreamBatchMemOp(s, 2, pair, 0)); break;
+      case 12: CK(cuStreamBatchMemOp(s, 2, pair, 0)); CK(cuEventRecord(evd[ei++], s)); break;
     }
   };
   auto med = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return (x[1] + x[2]) / 2; };

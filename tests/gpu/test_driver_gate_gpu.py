@@ -197,20 +197,48 @@ with gpreempt.request():
 time.sleep(120)
 """
 
+# A server that marks no requests (no PyTorch, so no operator gate either): its driver-level
+# gate tells its activity from its launches, and the trainer's barriers wait on that word.
+SERVER_LAUNCHES = r"""
+import pathlib, sys, time
+import cupy
+go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+spin = cupy.RawKernel(r'''
+extern "C" __global__ void spin(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}''', "spin")
+device = cupy.cuda.Device()
+while not go.exists():
+    time.sleep(0.005)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(10):
+        spin((1,), (1,), (cupy.uint64(100_000),))
+    device.synchronize()
+time.sleep(120)
+"""
 
+
+@pytest.mark.parametrize("server_marks", ["request", "launches"])
 @pytest.mark.parametrize("framework", ["cupy", "jax"])
-def test_work_beside_torch_stands_still_while_a_server_request_is_open(
-    daemon, runtime_dir, tmp_path, framework
+def test_work_beside_torch_stands_still_while_a_server_is_active(
+    daemon, runtime_dir, tmp_path, framework, server_marks
 ):
-    """No hold by hand: a more important task opens a request, and the trainer's stream
-    barriers must hold its GPU work until it ends. Its driver-level gate checks on the GPU
-    that they do (barrier_leaks: work that passed a barrier whose task stayed active)."""
+    """No hold by hand: a more important task opens a request (or, marking none, launches
+    work for two seconds), and the trainer's stream barriers must hold its GPU work until it
+    ends. Its driver-level gate checks on the GPU that they do (barrier_leaks: work that
+    passed a barrier whose task stayed active)."""
     pytest.importorskip("torch")
     pytest.importorskip(framework)
+    if server_marks == "launches":
+        pytest.importorskip("cupy")
     progress, go = tmp_path / "progress", tmp_path / "go"
+    program = SERVER_REQUEST if server_marks == "request" else SERVER_LAUNCHES
     server = spawn(
         runtime_dir, "run", "--priority", "high", "--name", "server", "--",
-        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
+        sys.executable, "-c", program, str(go), "2.0",
     )  # fmt: skip
     command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), framework, "90"]
     trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)

@@ -226,11 +226,6 @@ def load_native(*, verbose: bool = False) -> ModuleType:
     built = build_dir / f"{name}.so"
     if not built.exists():
         _check_toolchain()
-        print(
-            f"gpreempt: building the launch gate extension in {build_dir} (once, 20-60 s)",
-            file=sys.stderr,
-            flush=True,
-        )
     try:
         with _building(build_dir) as held:
             if not held:
@@ -241,6 +236,12 @@ def load_native(*, verbose: bool = False) -> ModuleType:
                 module = _import_built(name, built)
                 _loaded = module
                 return module
+            if not built.exists():  # said by the one process that builds, not by its waiters
+                print(
+                    f"gpreempt: building the launch gate extension in {build_dir} (once, 20-60 s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             module = cpp_extension.load(
                 name=name,
                 sources=[str(source) for source in SOURCES],

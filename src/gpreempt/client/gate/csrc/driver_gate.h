@@ -66,9 +66,10 @@ constexpr int64_t kDiscoverNs = 5 * 1000 * 1000;
 constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
 // One mark in kTimedEvery starts a timed span: a timed event costs an H100 about 1.8 us where an
-// untimed one costs it nothing measurable, and with a mark every few launches timing them all
-// was the larger part of what the marks cost (benchmarks/driver_gate/barrier_cost.cu).
-constexpr uint64_t kTimedEvery = 8;
+// untimed one costs it nothing measurable (benchmarks/driver_gate/barrier_cost.cu), and a span
+// takes two. With a mark every 0.1 ms of GPU time, one in 32 still learns the GPU time per
+// launch every few milliseconds, for 0.1 us a mark.
+constexpr uint64_t kTimedEvery = 32;
 
 // One barrier's event and the launches of its span.
 struct Mark {
@@ -83,12 +84,19 @@ struct Mark {
   uint64_t seq = 0;           // its stream's count of marks before it
 };
 
+// Which of a watched block's activity words a wait reads.
+enum class Words : uint8_t {
+  kRequests,  // requests alone (the task marks its requests: auto_active is not read)
+  kActive,    // auto_active alone (where the pair cannot be read in one wait)
+  kPair,      // requests and auto_active, adjacent, in one 64-bit wait: both must be 0
+};
+
 // The last wait of a mark's barrier, for the check that barriers hold (driver_verify.cpp):
 // the GPU passes the barrier when it passes that wait. Null list: no barrier.
 struct BarrierNote {
   const WatchList* list = nullptr;  // the watch list the barrier waited on
   uint8_t block = 0;                // the block of its last wait, in that list
-  bool active_word = false;         // that wait was on auto_active (else requests)
+  Words words = Words::kRequests;   // what that wait read
 };
 // Marks remembered per stream for that check (a mark retired before it is checked keeps its
 // note until kNotes more marks were put).
@@ -129,6 +137,7 @@ struct Gate {
   std::deque<CUevent> spare_events;  // timed
   std::deque<CUevent> spare_plain;   // untimed (CU_EVENT_DISABLE_TIMING)
   std::atomic<bool> batch_ok{true};  // cuStreamBatchMemOp puts a barrier's waits in one call
+  std::atomic<bool> pair_ok{true};   // the driver takes 64-bit waits (Words::kPair)
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
 };
 
@@ -152,6 +161,7 @@ Gate& gate();
   X(cuStreamBatchMemOp)                                                                \
   X(cuStreamIsCapturing)                                                               \
   X(cuStreamWaitValue32)                                                               \
+  X(cuStreamWaitValue64)                                                               \
   X(cuThreadExchangeStreamCaptureMode)
 
 struct CuApi {

@@ -67,24 +67,76 @@ CUstreamBatchMemOpParams wait_op(CUdeviceptr address, uint32_t value, unsigned f
   return op;
 }
 
+// One 64-bit wait: until the two adjacent words at `address` are both 0.
+CUstreamBatchMemOpParams wait_pair_op(CUdeviceptr address) {
+  CUstreamBatchMemOpParams op{};
+  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  op.waitValue.address = address;
+  op.waitValue.value64 = 0;
+  op.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  return op;
+}
+
+bool rejected(CUresult r) { return r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE; }
+
 // Queues `ops` on `stream`: in one call where the driver takes it (three waits then cost an
 // H100 4.3 us instead of 6.1, and its CPU 1.2 us instead of 2.4: benchmarks/driver_gate/
 // barrier_cost.cu), else one by one.
 CUresult queue_waits(Gate& g, CUstream stream, CUstreamBatchMemOpParams* ops, unsigned n) {
   if (g.batch_ok.load(std::memory_order_relaxed)) {
     const CUresult r = cu()->cuStreamBatchMemOp(stream, n, ops, 0);
-    if (r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_INVALID_VALUE) {
+    if (!rejected(r)) {
       return r;
     }
     g.batch_ok.store(false, std::memory_order_relaxed);
   }
   CUresult r = CUDA_SUCCESS;
   for (unsigned i = 0; r == CUDA_SUCCESS && i < n; ++i) {
-    r = cu()->cuStreamWaitValue32(stream, ops[i].waitValue.address,
-                                  static_cast<cuuint32_t>(ops[i].waitValue.value),
-                                  ops[i].waitValue.flags);
+    const auto& w = ops[i].waitValue;
+    r = w.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64
+            ? cu()->cuStreamWaitValue64(stream, w.address, w.value64, w.flags)
+            : cu()->cuStreamWaitValue32(stream, w.address, static_cast<cuuint32_t>(w.value),
+                                        w.flags);
   }
   return r;
+}
+
+// The waits of a barrier (see put_barrier) into `ops`; their count, 0 where a word's page could
+// not be mapped for the GPU. `pairs`: a watched task's two activity words in one 64-bit wait.
+unsigned barrier_waits(Gate& g, uint8_t* ctl, const WatchList* list, bool pairs,
+                       CUstreamBatchMemOpParams* ops, BarrierNote* last) {
+  const CUdeviceptr own = device_word(g, ctl + kOffGateClosed, false);
+  if (own == 0) {
+    return 0;
+  }
+  unsigned n = 0;
+  ops[n++] = list != nullptr && list->version != 0
+                 ? wait_op(own, ~kClosed, CU_STREAM_WAIT_VALUE_NOR)
+                 : wait_op(own, 0, CU_STREAM_WAIT_VALUE_EQ);
+  *last = BarrierNote{};
+  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
+    const uint8_t* b = list->blocks[i];
+    const bool hinted = load32(b, kOffHinted) != 0;
+    // requests and auto_active are adjacent, requests first and 8-byte aligned
+    static_assert(kOffAutoActive == kOffRequests + 4 && kOffRequests % 8 == 0);
+    const CUdeviceptr requests = device_word(g, b + kOffRequests, true);
+    if (requests == 0) {
+      return 0;
+    }
+    const auto block = static_cast<uint8_t>(i);
+    if (!hinted && pairs) {
+      ops[n++] = wait_pair_op(requests);
+      *last = BarrierNote{list, block, Words::kPair};
+      continue;
+    }
+    ops[n++] = wait_op(requests, 0, CU_STREAM_WAIT_VALUE_EQ);
+    *last = BarrierNote{list, block, Words::kRequests};
+    if (!hinted) {
+      ops[n++] = wait_op(requests + 4, 0, CU_STREAM_WAIT_VALUE_EQ);
+      *last = BarrierNote{list, block, Words::kActive};
+    }
+  }
+  return n;
 }
 
 }  // namespace
@@ -93,37 +145,24 @@ CUresult queue_waits(Gate& g, CUstream stream, CUstreamBatchMemOpParams* ops, un
 // the GPU stops this task's queued work there the moment one says so.
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   const WatchList* list = g.watch.load(std::memory_order_acquire);
-  const CUdeviceptr own = device_word(g, ctl + kOffGateClosed, false);
-  if (own == 0) {
-    return false;
-  }
   if (note != nullptr) {
     *note = BarrierNote{};
   }
   std::array<CUstreamBatchMemOpParams, 1 + 2 * kMaxWatched> ops;
-  unsigned n = 0;
-  ops[n++] = list != nullptr && list->version != 0
-                 ? wait_op(own, ~kClosed, CU_STREAM_WAIT_VALUE_NOR)
-                 : wait_op(own, 0, CU_STREAM_WAIT_VALUE_EQ);
   BarrierNote last;
-  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
-    const uint8_t* b = list->blocks[i];
-    const CUdeviceptr requests = device_word(g, b + kOffRequests, true);
-    if (requests == 0) {
-      return false;
-    }
-    ops[n++] = wait_op(requests, 0, CU_STREAM_WAIT_VALUE_EQ);
-    last = BarrierNote{list, static_cast<uint8_t>(i), false};
-    if (load32(b, kOffHinted) == 0) {
-      const CUdeviceptr active = device_word(g, b + kOffAutoActive, true);
-      if (active == 0) {
-        return false;
-      }
-      ops[n++] = wait_op(active, 0, CU_STREAM_WAIT_VALUE_EQ);
-      last.active_word = true;
-    }
+  const bool pairs = g.pair_ok.load(std::memory_order_relaxed);
+  unsigned n = barrier_waits(g, ctl, list, pairs, ops.data(), &last);
+  if (n == 0) {
+    return false;
   }
-  if (queue_waits(g, stream, ops.data(), n) != CUDA_SUCCESS) {
+  CUresult r = queue_waits(g, stream, ops.data(), n);
+  if (pairs && rejected(r) && last.words == Words::kPair) {
+    // a driver without 64-bit waits: each word in a wait of its own from now on
+    g.pair_ok.store(false, std::memory_order_relaxed);
+    n = barrier_waits(g, ctl, list, false, ops.data(), &last);
+    r = n == 0 ? CUDA_ERROR_INVALID_VALUE : queue_waits(g, stream, ops.data(), n);
+  }
+  if (r != CUDA_SUCCESS) {
     return false;
   }
   if (note != nullptr) {

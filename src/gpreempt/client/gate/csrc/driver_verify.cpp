@@ -1,7 +1,8 @@
 // Whether the stream barriers hold: found on the GPU, not assumed.
 //
 // A barrier is a row of waits on host words (this gate's word, then each watched task's
-// requests and, unless it marks requests, auto_active); the event recorded right behind it
+// requests and, unless it marks requests, auto_active: both in one 64-bit wait, which passes
+// once both are 0); the event recorded right behind it
 // completes when the GPU has passed its last wait. The gate's thread looks every quarter
 // millisecond, while awake, at which marks completed since its last look, and at the watched
 // words. A word that read raised at two looks with the same activity epoch (bumped by every
@@ -58,8 +59,11 @@ bool stayed_raised(const BarrierNote& note, const WatchSample* const* looks, siz
   const uint32_t bit = 1u << note.block;
   for (size_t j = 0; j < n; ++j) {
     const WatchSample& s = *looks[j];
+    const uint32_t raised = note.words == Words::kRequests ? s.requests
+                            : note.words == Words::kActive ? s.active
+                                                           : s.requests | s.active;
     if (s.list != note.list || s.epochs[note.block] != looks[0]->epochs[note.block] ||
-        ((note.active_word ? s.active : s.requests) & bit) == 0) {
+        (raised & bit) == 0) {
       return false;
     }
   }
