@@ -40,7 +40,7 @@ def test_settings_follow_priority_and_mechanism() -> None:
     ("variable", "passed_as", "default", "value", "passed", "bad", "complaint"),
     [
         # spaces the barriers as it does the operator gate's; 0 puts none
-        ("GPREEMPT_GATE_BARRIER_MS", "GPREEMPT_DRIVER_BARRIER_US", "100", "0.4", "400", "fast",
+        ("GPREEMPT_GATE_BARRIER_MS", "GPREEMPT_DRIVER_BARRIER_US", "200", "0.4", "400", "fast",
          "='fast' is not a number"),
         # bounds the work in flight as it does the operator gate's open window
         ("GPREEMPT_GATE_OPEN_WINDOW_MS", "GPREEMPT_DRIVER_WINDOW_MS", "25", "2.5", "2.5", "-1",

@@ -47,10 +47,12 @@ DEFAULT_HOLD_MS = 1000.0
 #: Quiet time after the last GPU work before ``auto_active`` drops back to 0 (the default of a
 #: task that may be preempted; ``gpreempt run`` passes the one for its priority).
 DEFAULT_IDLE_GRACE_MS = DEFAULT_BOUND_IDLE_GRACE_MS
-#: Stream barrier spacing (GPU time) for tasks under ``gpreempt run --mechanism gate``. Each
-#: barrier stalls the stream's front end between two kernels, so closer barriers cost the
-#: trainer more than they save the server (docs/results.md, "How far apart the barriers").
-RUN_BARRIER_MS = 0.1
+#: Stream barrier spacing (GPU time) for tasks under ``gpreempt run`` that may be preempted.
+#: Each barrier stalls the stream's front end between two kernels (about 3.3 us on an H100),
+#: so closer barriers cost the trainer more than they save the server: beside a graph server,
+#: 0.2 ms kept an eager trainer 0.02-0.03 more than 0.1 ms, with the server's tail no worse
+#: (docs/results.md, "The driver-level gate").
+RUN_BARRIER_MS = 0.2
 #: Sleep per poll while a watched task is active (or a task word is set).
 POLL_US = 30.0
 #: While a gate sleeps (docs/gate.md, "Barriers while asleep"): wall time between two stream

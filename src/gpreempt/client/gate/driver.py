@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, idle_grace_ms
-from .config import ENV_BARRIER_MS, ENV_OPEN_WINDOW_MS
+from .config import ENV_BARRIER_MS, ENV_OPEN_WINDOW_MS, RUN_BARRIER_MS
 
 #: The variable the CUDA driver reads at cuInit.
 ENV_INJECTION = "CUDA_INJECTION64_PATH"
@@ -38,7 +38,7 @@ STATE_ON = 1
 
 #: GPU time between two stream barriers, and in flight at most on a stream (the operator
 #: gate's ``RUN_BARRIER_MS`` and ``DEFAULT_OPEN_WINDOW_MS``).
-BARRIER_US = 100.0
+BARRIER_US = RUN_BARRIER_MS * 1000.0
 WINDOW_MS = 25.0
 
 

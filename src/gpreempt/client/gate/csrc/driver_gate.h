@@ -44,7 +44,7 @@ struct Config {
   bool bound = true;          // may be preempted: barriers and a bounded queue
   bool auto_activity = false;  // publish auto_active from the launches (tasks that preempt)
   bool torch_gate = false;    // PyTorch's operator gate also runs here (it publishes activity)
-  double barrier_us = 100.0;  // GPU time between two barriers on a stream; 0 = no barriers
+  double barrier_us = 200.0;  // GPU time between two barriers on a stream; 0 = no barriers
   double window_ms = 25.0;    // GPU time in flight at most on a stream
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
 };
