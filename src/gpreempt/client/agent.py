@@ -52,7 +52,7 @@ def gate_config_for(priority: int, mechanism: str) -> GateConfig:
     Tasks below ``high`` priority bound their in-flight work (they may be preempted); every
     task detects its own GPU activity. ``GPREEMPT_GATE_BOUND`` and ``GPREEMPT_AUTO_ACTIVITY``
     override the two halves. Tasks of mechanism ``auto`` (the default) and ``gate`` put stream
-    barriers every 0.1 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 = none); others none. Raises
+    barriers every 0.2 ms (``GPREEMPT_GATE_BARRIER_MS``, 0 = none); others none. Raises
     ImportError where the gate cannot be had (no PyTorch).
     """
     from .gate import ENV_BARRIER_MS, RUN_BARRIER_MS, resolve_config

@@ -22,7 +22,7 @@ from .snapshot import Snapshot
 #: asleep gate with stream barriers still holds its queue (its sleep thread puts them, and it
 #: wakes if its process queues more than its GPU runs), so the pause only has to outlast the
 #: gaps between the requests of ordinary traffic: asleep, its barriers lie 1 ms of launching
-#: apart, not the hook's 0.1 ms of GPU time, and a server that does not call request() waits
+#: apart, not the hook's 0.2 ms of GPU time, and a server that does not call request() waits
 #: for the difference (docs/results.md, "Gates that sleep after 1 ms").
 DEFAULT_SLEEP_AFTER_S = 1.0
 

@@ -67,7 +67,7 @@ constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
 // One mark in kTimedEvery starts a timed span: a timed event costs an H100 about 1.8 us where an
 // untimed one costs it nothing measurable (benchmarks/driver_gate/barrier_cost.cu), and a span
-// takes two. With a mark every 0.1 ms of GPU time, one in 32 still learns the GPU time per
+// takes two. With a mark every 0.2 ms of GPU time, one in 32 still learns the GPU time per
 // launch every few milliseconds, for 0.1 us a mark.
 constexpr uint64_t kTimedEvery = 32;
 
