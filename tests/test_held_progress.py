@@ -65,3 +65,27 @@ def test_a_trainer_that_wrote_no_steps_gets_one_line(tmp_path: Path):
     with pytest.raises(SystemExit) as exit_info:
         _load().main([str(tmp_path / "run")])
     assert "holds no trainer's steps" in str(exit_info.value)
+
+
+def test_slow_requests_in_a_stretch_and_the_trainer_step_over_it(tmp_path: Path, capsys):
+    """Requests of 1 ms, then three of 3 ms one after another while the trainer's step takes
+    50 ms (held, the GPU shared): the stretch is found; without events only that part prints."""
+    starts = [10.0 + 0.002 * i for i in range(20)]
+    service = [0.001] * 20
+    for i in (10, 11, 12):
+        service[i] = 0.003
+    for i in range(11, 20):  # the slow ones push the rest later
+        starts[i] = max(starts[i], starts[i - 1] + service[i - 1])
+    server = {"start": starts, "end": [s + d for s, d in zip(starts, service, strict=True)]}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "case-a.json").write_text(json.dumps(server))
+    steps = [9.95, 9.96, 9.97, 9.98, 10.0, 10.01, 10.06, 10.07]
+    (folder / "case-b-0.json").write_text(json.dumps({"step_end_t": steps}))
+    r = _load().summary(folder)
+    assert r["slow"]["slow"] == 3 and r["slow"]["in_stretches"] == 2
+    assert r["slow"]["longest_step_ms"] == pytest.approx(50.0)
+    assert "active_share" not in r
+    assert _load().main([str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "in stretches 2" in out and "server active" not in out

@@ -9,7 +9,13 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 * the trainer's steps that completed inside the server's active periods (from the daemon's
   ``active``/``idle`` events), and how far into the period, against its median step time;
 * the service time of requests that queued behind the previous one, split by whether the
-  server went idle in between: a server that stays active should serve them as fast as alone.
+  server went idle in between: a server that stays active should serve them as fast as alone;
+* the requests that took more than twice the run's median service time, how many of them came
+  in stretches (one right after another), and the trainer's longest step over such a stretch:
+  a stretch of slow requests with a trainer that makes no progress is the GPU shared with a
+  held trainer, not its work going on.
+
+Without ``events.jsonl`` (a run kept without it) only the last part is printed.
 
     python3 benchmarks/driver_gate/held_progress.py RUN_FOLDER
 """
@@ -28,7 +34,7 @@ from typing import Any
 from gpreempt.bench import daemon_events
 
 
-def _read(folder: Path, name: str) -> Any:
+def _read(folder: Path, name: str, required: bool = True) -> Any:
     plain, packed = folder / name, folder / f"{name}.gz"
     if plain.exists():
         text = plain.read_text()
@@ -36,6 +42,8 @@ def _read(folder: Path, name: str) -> Any:
         text = gzip.decompress(packed.read_bytes()).decode()
     else:
         text = ""
+    if not text.strip() and not required:
+        return None
     if not text.strip():
         if name.startswith("case-b"):
             raise SystemExit(
@@ -53,14 +61,36 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
+    """Requests slower than twice the median service time; those that follow another slow one
+    within 10 ms (a stretch); the trainer's longest step that overlaps a stretch (ms)."""
+    s, e = server["start"], server["end"]
+    service = [(b - a) * 1e3 for a, b in zip(s, e, strict=True)]
+    limit = 2 * statistics.median(service)
+    slow = [i for i, ms in enumerate(service) if ms > limit]
+    in_stretch = [i for k, i in enumerate(slow) if k > 0 and s[i] - e[slow[k - 1]] < 0.01]
+    ends = trainer["step_end_t"]
+    longest = 0.0
+    for a, b in zip(ends, ends[1:], strict=False):
+        if any(a < s[i] < b for i in in_stretch):
+            longest = max(longest, (b - a) * 1e3)
+    return {"limit_ms": limit, "slow": len(slow), "in_stretches": len(in_stretch),
+            "longest_step_ms": longest}  # fmt: skip
+
+
 def summary(folder: Path) -> dict[str, Any]:
-    """The figures printed by :func:`main`, as a dict."""
+    """The figures printed by :func:`main`, as a dict (``None`` for those that need the
+    daemon's events where the folder has none)."""
     server, trainer = _read(folder, "case-a.json"), _read(folder, "case-b-0.json")
-    begin, end = server["start"][0], server["end"][-1]
-    periods = daemon_events.active_periods(_read(folder, "events.jsonl"), "case-a", end)
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
     step_s = statistics.median(gaps) if gaps else float("nan")
+    result: dict[str, Any] = {"step_ms": step_s * 1e3, "slow": slow_stretches(server, trainer)}
+    events = _read(folder, "events.jsonl", required=False)
+    if events is None:
+        return result
+    begin, end = server["start"][0], server["end"][-1]
+    periods = daemon_events.active_periods(events, "case-a", end)
     ends = [t for t in every if begin <= t <= end]
     inside = daemon_events.late_steps(ends, periods, 0.0)  # every step inside a period
     active_s = sum(min(b, end) - max(a, begin) for a, b in periods if b > begin and a < end)
@@ -74,9 +104,9 @@ def summary(folder: Path) -> dict[str, Any]:
         went_idle = j < len(idle_ends) and idle_ends[j] < s[i] + 3e-4
         split["went idle between" if went_idle else "stayed active"].append((e[i] - s[i]) * 1e3)
     return {
+        **result,
         "active_share": active_s / (end - begin),
         "steps": len(ends),
-        "step_ms": step_s * 1e3,
         "steps_in_active": len(inside),
         "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
         "queued_service_ms": {
@@ -90,14 +120,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="a runs/rN/SCENARIO folder of gpreempt bench")
     folder = parser.parse_args(argv).folder
     r = summary(folder)
-    print(f"server active {r['active_share']:.2f} of the time; trainer step {r['step_ms']:.2f} ms")
+    if "active_share" in r:
+        print(
+            f"server active {r['active_share']:.2f} of the time; trainer step {r['step_ms']:.2f} ms"
+        )
+        print(
+            f"trainer steps completed: {r['steps']}, inside active periods "
+            f"{r['steps_in_active']}, of them more than 1.5 steps into the period: "
+            f"{r['steps_past_one_step']}"
+        )
+        for k, v in r["queued_service_ms"].items():
+            print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
+                  f"p90 {v['p90']:.2f} ms")  # fmt: skip
+    slow = r["slow"]
     print(
-        f"trainer steps completed: {r['steps']}, inside active periods {r['steps_in_active']}, "
-        f"of them more than 1.5 steps into the period: {r['steps_past_one_step']}"
+        f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']}, "
+        f"in stretches {slow['in_stretches']}; the trainer's longest step over one "
+        f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
     )
-    for k, v in r["queued_service_ms"].items():
-        print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
-              f"p90 {v['p90']:.2f} ms")  # fmt: skip
     return 0
 
 
