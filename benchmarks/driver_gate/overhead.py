@@ -23,7 +23,8 @@ same round.
 
     PYTHONPATH=src python3 benchmarks/driver_gate/overhead.py --out overhead.json
 
-Prints a table (median ratio and the spread of the rounds) and writes every turn to ``--out``.
+Prints a table (median ratio and the spread of the rounds) and writes every turn to ``--out``;
+``--table overhead.json`` prints the table of a file written so.
 """
 
 from __future__ import annotations
@@ -141,12 +142,26 @@ def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
     ]
 
 
+def print_table(turns: list[dict], kinds: list[str], variants: tuple[str, ...]) -> None:
+    """Each configuration's ratio of ``ungated``: the median and the spread of the rounds."""
+    print(f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds")
+    for kind in kinds:
+        for config in (*CONFIGS[1:], *(f"awake:{v}" for v in variants)):
+            r = ratios(turns, kind, config)
+            if r:
+                print(
+                    f"{kind:22s} {config:9s} {statistics.median(r):.3f} "
+                    f"[{min(r):.3f}-{max(r):.3f}] n={len(r)}"
+                )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--turn-s", type=float, default=2.0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="where to write every turn (JSON)")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a file --out wrote")
     parser.add_argument(
         "--awake-variant",
         action="append",
@@ -155,6 +170,16 @@ def main() -> int:
         help="also measure awake with this variable set for the trainer (repeatable)",
     )
     args = parser.parse_args()
+    if args.table:
+        try:
+            saved = json.loads(Path(args.table).read_text())
+            kinds = list(dict.fromkeys(t["kind"] for t in saved["turns"]))
+            print_table(saved["turns"], kinds, tuple(saved.get("variants", ())))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"cannot read {args.table} as a file --out wrote: {exc}")
+        return 0
+    if not args.out:
+        parser.error("--out is required (or --table to print a saved file)")
     variants = tuple(args.awake_variant)
     for v in variants:
         if "=" not in v or not v.split("=", 1)[0]:
@@ -172,15 +197,7 @@ def main() -> int:
             indent=1,
         )
     )
-    print(f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds")
-    for kind in args.kinds.split(","):
-        for config in (*CONFIGS[1:], *(f"awake:{v}" for v in variants)):
-            r = ratios(turns, kind, config)
-            if r:
-                print(
-                    f"{kind:22s} {config:9s} {statistics.median(r):.3f} "
-                    f"[{min(r):.3f}-{max(r):.3f}] n={len(r)}"
-                )
+    print_table(turns, args.kinds.split(","), variants)
     return 0
 
 
