@@ -62,3 +62,35 @@ def test_the_gate_config_by_priority(monkeypatch) -> None:
     assert (low.bound, low.auto_activity, low.idle_grace_ms, low.barrier_ms) == (True, True, 2, 0)
     monkeypatch.setenv(agent.ENV_GATE_BOUND, "0")
     assert not agent.gate_config_for(NAMED["low"], "auto").bound
+
+
+@pytest.mark.parametrize("operator_gate", ["1", "0"])
+def test_the_driver_level_gate_takes_the_sessions_block_with_or_without_the_operator_gate(
+    monkeypatch, operator_gate
+) -> None:
+    """``GPREEMPT_GATE=0`` turns off the operator gate only: the driver-level gate still gets the
+    session's control block (and publishes the activity the operator gate would have), rather
+    than registering the process a second time over a channel of its own."""
+    adopted, installed = [], []
+    monkeypatch.setattr(
+        agent, "adopt_driver_gate", lambda current, torch_gate: adopted.append(torch_gate)
+    )
+    monkeypatch.setattr(gate_mod, "install_gate", lambda control, config: installed.append(1))
+    monkeypatch.setenv(agent.ENV_GATE, operator_gate)
+    agent.install_gate_for(_Session("auto"))
+    assert adopted == [operator_gate == "1"]
+    assert installed == ([1] if operator_gate == "1" else [])
+
+
+def test_without_pytorch_the_driver_level_gate_takes_the_block_whatever_gpreempt_gate_says(
+    monkeypatch,
+) -> None:
+    adopted = []
+    monkeypatch.setattr(
+        agent, "adopt_driver_gate", lambda current, torch_gate: adopted.append(torch_gate) or True
+    )
+    monkeypatch.setenv(agent.ENV_GATE, "0")
+    current = _Session("auto")
+    current.barriers = None
+    assert agent.start_barriers_for(current) is None
+    assert adopted == [False]

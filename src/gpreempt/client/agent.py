@@ -93,16 +93,23 @@ def adopt_driver_gate(current: session.Session, *, torch_gate: bool) -> bool:
 def install_gate_for(current: session.Session) -> Any:
     """Install the launch gate in this process for the session's task
     (:func:`gate_config_for`), unless ``GPREEMPT_GATE=0`` or the gate cannot be had. The
-    driver-level gate, where ``gpreempt run`` loads one, takes the same control block and
-    holds what the operator hook does not see (Triton, CuPy, JAX, extensions)."""
-    if current.gate is not None or not _flag(ENV_GATE, True):
+    driver-level gate, where ``gpreempt run`` loads one, takes the same control block (with
+    ``GPREEMPT_GATE=0`` too) and holds what the operator hook does not see (Triton, CuPy,
+    JAX, extensions)."""
+    if current.gate is not None:
         return current.gate
-    if adopt_driver_gate(current, torch_gate=True):
+    operator_gate = _flag(ENV_GATE, True)
+    # without the operator gate the driver-level gate still takes the session's block (as in a
+    # process without PyTorch): it would otherwise register the process a second time, over a
+    # channel of its own
+    if adopt_driver_gate(current, torch_gate=operator_gate):
         import torch
 
         from .gate.driver import ProfilerHandover
 
         ProfilerHandover().apply(torch)
+    if not operator_gate:
+        return None
     try:
         from .gate import install_gate
 
@@ -133,14 +140,14 @@ def on_torch_imported(torch: ModuleType) -> None:
 def start_barriers_for(current: session.Session) -> Any:
     """Start stream barriers (:mod:`.stream_barriers`) for a process without a launch gate,
     if it may be preempted, its mechanism closes gates (``auto``, ``gate``) and
-    ``GPREEMPT_GATE`` is not 0; returns them, or None."""
+    ``GPREEMPT_GATE`` is not 0; returns them, or None. The driver-level gate, where
+    ``gpreempt run`` loads one, takes the session's control block instead, whatever
+    ``GPREEMPT_GATE`` says."""
     if current.gate is not None or current.barriers is not None:
         return current.barriers
-    if not _flag(ENV_GATE, True):
-        return None
     if adopt_driver_gate(current, torch_gate=False):
         return None  # the driver-level gate holds every launch, barriers included
-    if not _closes_gate(current.mechanism):
+    if not _flag(ENV_GATE, True) or not _closes_gate(current.mechanism):
         return None
     if current.priority >= NAMED["high"]:
         return None  # nothing preempts it: nothing to hold
