@@ -197,12 +197,9 @@ with gpreempt.request():
 time.sleep(120)
 """
 
-# A server that marks no requests (no PyTorch, so no operator gate either): its driver-level
-# gate tells its activity from its launches, and the trainer's barriers wait on that word.
-SERVER_LAUNCHES = r"""
-import pathlib, sys, time
+# A CuPy kernel that spins on the GPU for `ns` nanoseconds.
+CUPY_SPIN = r"""
 import cupy
-go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 spin = cupy.RawKernel(r'''
 extern "C" __global__ void spin(unsigned long long ns) {
   unsigned long long start, now;
@@ -210,6 +207,15 @@ extern "C" __global__ void spin(unsigned long long ns) {
   do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
 }''', "spin")
 device = cupy.cuda.Device()
+"""
+
+# A server that marks no requests (no PyTorch, so no operator gate either): its driver-level
+# gate tells its activity from its launches, and the trainer's barriers wait on that word.
+SERVER_LAUNCHES = (
+    CUPY_SPIN
+    + r"""
+import pathlib, sys, time
+go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 while not go.exists():
     time.sleep(0.005)
 end = time.monotonic() + seconds
@@ -219,6 +225,7 @@ while time.monotonic() < end:
     device.synchronize()
 time.sleep(120)
 """
+)
 
 
 @pytest.mark.parametrize("server_marks", ["request", "launches"])
@@ -258,15 +265,10 @@ def test_work_beside_torch_stands_still_while_a_server_is_active(
         stop_all(trainer, server)
 
 
-SPIN_SERVER = r"""
-import time, cupy
-spin = cupy.RawKernel(r'''
-extern "C" __global__ void spin(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
-}''', "spin")
-device = cupy.cuda.Device()
+SPIN_SERVER = (
+    CUPY_SPIN
+    + r"""
+import time
 spin((1,), (1,), (cupy.uint64(1000),)); device.synchronize()
 time.sleep(3)  # its warm-up's activity has dropped
 print("launch", time.time(), flush=True)
@@ -275,6 +277,7 @@ device.synchronize()
 print("done", time.time(), flush=True)
 time.sleep(3)
 """
+)
 
 
 def test_a_server_without_torch_stays_active_for_its_grace_after_its_work(
