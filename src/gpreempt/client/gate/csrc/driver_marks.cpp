@@ -79,6 +79,12 @@ CUstreamBatchMemOpParams wait_pair_op(CUdeviceptr address) {
 
 bool rejected(CUresult r) { return r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE; }
 
+bool has_pair(const CUstreamBatchMemOpParams* ops, unsigned n) {
+  return std::any_of(ops, ops + n, [](const CUstreamBatchMemOpParams& op) {
+    return op.waitValue.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  });
+}
+
 // Queues `ops` on `stream`: in one call where the driver takes it (three waits then cost an
 // H100 4.3 us instead of 6.1, and its CPU 1.2 us instead of 2.4: benchmarks/driver_gate/
 // barrier_cost.cu), else one by one.
@@ -87,6 +93,9 @@ CUresult queue_waits(Gate& g, CUstream stream, CUstreamBatchMemOpParams* ops, un
     const CUresult r = cu()->cuStreamBatchMemOp(stream, n, ops, 0);
     if (!rejected(r)) {
       return r;
+    }
+    if (has_pair(ops, n)) {
+      return r;  // the 64-bit wait may be what the driver refused: put_barrier tries without
     }
     g.batch_ok.store(false, std::memory_order_relaxed);
   }
@@ -150,13 +159,13 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   }
   std::array<CUstreamBatchMemOpParams, 1 + 2 * kMaxWatched> ops;
   BarrierNote last;
-  const bool pairs = g.pair_ok.load(std::memory_order_relaxed);
-  unsigned n = barrier_waits(g, ctl, list, pairs, ops.data(), &last);
+  unsigned n = barrier_waits(g, ctl, list, g.pair_ok.load(std::memory_order_relaxed), ops.data(),
+                             &last);
   if (n == 0) {
     return false;
   }
   CUresult r = queue_waits(g, stream, ops.data(), n);
-  if (pairs && rejected(r) && last.words == Words::kPair) {
+  if (rejected(r) && has_pair(ops.data(), n)) {
     // a driver without 64-bit waits: each word in a wait of its own from now on
     g.pair_ok.store(false, std::memory_order_relaxed);
     n = barrier_waits(g, ctl, list, false, ops.data(), &last);
