@@ -1,12 +1,13 @@
 """What the defaults cost a trainer that nobody preempts, for trainers of every framework.
 
-For each trainer kind three copies of it run side by side, taking turns on the GPU (one runs
-while the others wait idle), in rounds whose order is shuffled:
+For each trainer kind a copy of it per configuration runs beside the others, taking turns on
+the GPU (one runs while the others wait idle), in rounds whose order is shuffled:
 
 * ``ungated``: plain ``python``, no gpreempt at all;
-* ``control``: a second plain copy, started first (``ungated`` is started last): its ratio
-  would be 1 but for what tells the processes apart beside gpreempt (their order of start,
-  where their memory lies) and the rounds' noise; read the others against its spread;
+* ``control``: a second plain copy: its ratio would be 1 but for what tells the processes
+  apart beside gpreempt (where their memory lies) and the rounds' noise; read the others
+  against its spread. The copies start in an order shuffled per kind (each turn records its
+  copy's place, ``started``), each in a session of its own;
 * ``defaults``: ``gpreempt run --priority low`` beside an idle, more important task registered
   on the same GPU (``gpreempt run --priority high -- sleep``): the daemon lets its gate sleep
   after a second;
@@ -94,27 +95,34 @@ def measure_kind(
     configs = (*CONFIGS, *(f"awake:{v}" for v in variants))
     ids = {c: f"c{i}" for i, c in enumerate(configs)}  # turn words name no variable
     outs = {c: work / f"{kind}.{ids[c]}.jsonl" for c in configs}
-    gated = [("defaults", None), ("awake", "0"), *((f"awake:{v}", "0") for v in variants)]
 
     def child(config: str) -> list[str]:
         return [sys.executable, "-c", CHILD, kind, str(turn), ids[config], str(outs[config])]
 
+    def start(config: str) -> None:
+        """One copy; each in a session of its own, as ``gpreempt run`` starts its command."""
+        if config in ("control", "ungated"):
+            procs.append(subprocess.Popen(child(config), env=env, start_new_session=True))
+            return
+        runtime = work / f"rt-{kind}-{ids[config]}"
+        sleep_after = [] if config == "defaults" else ["--sleep-after-s", "0"]
+        procs.append(turns.start_daemon(runtime, env, sleep_after))
+        run = turns.run_under(runtime)
+        procs.append(
+            subprocess.Popen([*run, "--priority", "high", "--", "sleep", "100000"], env=env)
+        )
+        name, _, value = config.partition(":")[2].partition("=")
+        child_env = {**env, name: value} if name else env
+        procs.append(
+            subprocess.Popen([*run, "--priority", "low", "--", *child(config)], env=child_env)
+        )
+
+    # the copies start in an order shuffled per kind, so that what favours a place in it
+    # (their memory's place, their start) falls on no configuration in particular
+    started = random.sample(configs, len(configs))
     try:
-        procs.append(subprocess.Popen(child("control"), env=env))
-        for i, (config, sleep_after) in enumerate(gated):
-            runtime = work / f"rt-{kind}-{i}"
-            options = ["--sleep-after-s", sleep_after] if sleep_after else []
-            procs.append(turns.start_daemon(runtime, env, options))
-            run = turns.run_under(runtime)
-            procs.append(
-                subprocess.Popen([*run, "--priority", "high", "--", "sleep", "100000"], env=env)
-            )
-            name, _, value = config.partition(":")[2].partition("=")
-            child_env = {**env, name: value} if name else env
-            procs.append(
-                subprocess.Popen([*run, "--priority", "low", "--", *child(config)], env=child_env)
-            )
-        procs.append(subprocess.Popen(child("ungated"), env=env))
+        for config in started:
+            start(config)
         turns.wait_started(list(outs.values()), procs)
         time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
         for r in range(rounds):
@@ -124,7 +132,7 @@ def measure_kind(
                 turns.give_turn(turn, ids[config], f"{r}:{turn_s}", outs[config], turn_s * 10 + 60)
             print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
         return [
-            {"kind": kind, "config": config, **x}
+            {"kind": kind, "config": config, "started": started.index(config), **x}
             for config in configs
             for x in turns.read_lines(outs[config])
         ]
