@@ -317,3 +317,20 @@ def test_case_bs_gate_counters_are_summed_over_its_processes():
     raw = _raw("gpreempt", [0.0, 0.1], [0.004, 0.104], steps=[[0.01, 0.02]])
     raw.trains[0]["gate"] = trains[0]["gate"]
     assert scenario_metrics.scenario_metrics(raw, None, None)["b_gate"]["driver_launches"] == 100
+
+
+def test_slow_requests_that_follow_each_other_are_counted_as_stretched():
+    """Requests of 1 ms; a run of three at 3 ms (a stretch: two follow a slow one), and a lone
+    slow one later: against the alone median, or the run's own where none is given."""
+    starts = [0.002 * i for i in range(30)]
+    service = [0.001] * 30
+    for i in (5, 6, 7, 20):
+        service[i] = 0.003
+    for i in range(1, 30):
+        starts[i] = max(starts[i], starts[i - 1] + service[i - 1])
+    ends = [s + d for s, d in zip(starts, service, strict=True)]
+    serve = {"scheduled": starts, "start": starts, "end": ends}
+    assert scenario_metrics.slow_stretch(serve) == [6, 7]
+    assert scenario_metrics.slow_stretch(serve, reference_ms=2.0) == []  # 3 ms is not slow then
+    raw = _raw("gpreempt", starts, ends)
+    assert scenario_metrics.scenario_metrics(raw, None, None)["a_slow_stretched"] == 2

@@ -76,7 +76,8 @@ def test_slow_requests_in_a_stretch_and_the_trainer_step_over_it(tmp_path: Path,
         service[i] = 0.003
     for i in range(11, 20):  # the slow ones push the rest later
         starts[i] = max(starts[i], starts[i - 1] + service[i - 1])
-    server = {"start": starts, "end": [s + d for s, d in zip(starts, service, strict=True)]}
+    ends = [s + d for s, d in zip(starts, service, strict=True)]
+    server = {"scheduled": [10.0 + 0.002 * i for i in range(20)], "start": starts, "end": ends}
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "case-a.json").write_text(json.dumps(server))

@@ -7,7 +7,8 @@ as median [min-max] over the repeats, and how far Case-A alone drifted: a-alone-
 ratio, and the range of Case-A's P99 alone over every run of a-alone and a-alone-after (for
 a server whose tail moves that much alone, "P99 inside the alone range" is what can be read).
 Its service time's P99 too, alone (the same range) and per scenario: a machine on which the
-server alone is slower shows there, apart from what the trainer costs it.
+server alone is slower shows there, apart from what the trainer costs it; and, where
+recorded, its slow requests in stretches (``a_slow_stretched``), alone and per scenario.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def rows(folder: Path) -> list[str]:
     service = _alone_range_ms(scenarios, "a_service_ms")
     if service:
         alone_text += f", its service P99 {service[0]:.2f}-{service[1]:.2f} ms"
+    slow_alone = [
+        scenarios[name]["a_slow_stretched"]
+        for name in ("a-alone", "a-alone-after")
+        if (scenarios.get(name) or {}).get("a_slow_stretched") is not None
+    ]
+    if slow_alone:
+        alone_text += f", slow stretched alone {max(slow_alone):.0f} at most"
     lines = [f"{cell}; a-alone-after P99 ratio {_span(after, 'a_p99_ratio')}{alone_text}"]
     for name, row in scenarios.items():
         if name in ("a-alone", "b-alone", "sequential", "a-alone-after"):
@@ -82,11 +90,17 @@ def rows(folder: Path) -> list[str]:
             if row.get("b_late_steps") is not None
             else ""
         )
+        # slow requests one after another (scenario_metrics.slow_stretch); runs before it: none
+        stretched = (
+            f" slow stretched {_span(row, 'a_slow_stretched')}"
+            if row.get("a_slow_stretched") is not None
+            else ""
+        )
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
             f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
             f"B kept {_span(row, 'b_kept'):20s}{busy}{late}"
-            f" service P99 ms {_span(row, 'a_service_ms.p99')}{valid}"
+            f" service P99 ms {_span(row, 'a_service_ms.p99')}{stretched}{valid}"
         )
     return lines
 

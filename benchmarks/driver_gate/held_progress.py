@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpreempt.bench import daemon_events
+from gpreempt.bench import daemon_events, scenario_metrics
 
 
 def _read(folder: Path, name: str, required: bool = True) -> Any:
@@ -62,20 +62,19 @@ def _q(values: list[float], q: float) -> float:
 
 
 def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
-    """Requests slower than twice the median service time; those that follow another slow one
-    within 10 ms (a stretch); the trainer's longest step that overlaps a stretch (ms)."""
-    s, e = server["start"], server["end"]
-    service = [(b - a) * 1e3 for a, b in zip(s, e, strict=True)]
-    limit = 2 * statistics.median(service)
-    slow = [i for i, ms in enumerate(service) if ms > limit]
-    in_stretch = [i for k, i in enumerate(slow) if k > 0 and s[i] - e[slow[k - 1]] < 0.01]
+    """Requests slower than twice the run's median service time; those of them in stretches
+    (``scenario_metrics.slow_stretch``); the trainer's longest step that overlaps one (ms)."""
+    service = scenario_metrics.a_service_ms(server)
+    limit = scenario_metrics.SLOW_FACTOR * statistics.median(service)
+    stretched = scenario_metrics.slow_stretch(server)
+    s = server["start"]
     ends = trainer["step_end_t"]
     longest = 0.0
     for a, b in zip(ends, ends[1:], strict=False):
-        if any(a < s[i] < b for i in in_stretch):
+        if any(a < s[i] < b for i in stretched):
             longest = max(longest, (b - a) * 1e3)
-    return {"limit_ms": limit, "slow": len(slow), "in_stretches": len(in_stretch),
-            "longest_step_ms": longest}  # fmt: skip
+    return {"limit_ms": limit, "slow": sum(1 for ms in service if ms > limit),
+            "in_stretches": len(stretched), "longest_step_ms": longest}  # fmt: skip
 
 
 def summary(folder: Path) -> dict[str, Any]:

@@ -19,6 +19,9 @@
 - ``b_late_steps``: Case-B steps that completed well into one of Case-A's active periods (the
   daemon's ``active``/``idle`` events), more than 1.5 step times after it began: a held trainer
   may only finish the step it was running (:func:`b_late_steps`).
+- ``a_slow_stretched``: Case-A's requests that took more than twice its median service time
+  alone and came within 10 ms of another such one (:func:`slow_stretch`): stretches in which
+  something shared the GPU with it. Counted alone too, where a machine shows them by itself.
 - ``gpreempt-scheduler`` (no daemon): ``b_suspended_fraction`` from the scheduler's own
   accounting of Case-B's suspended time (Case-A is active only inside its window).
 - memory scenarios: ``a_oom`` (Case-A did not get its growth), ``a_growth_request_ms`` (the
@@ -57,6 +60,31 @@ def a_service_ms(serve: dict[str, Any], idle_only: bool = False) -> list[float]:
             times.append((end - start) * 1000.0)
         previous_end = end
     return times
+
+
+#: A request slower than SLOW_FACTOR times the reference service time is slow; one that starts
+#: within STRETCH_GAP_S of the end of another slow one is in a stretch.
+SLOW_FACTOR = 2.0
+STRETCH_GAP_S = 0.01
+
+
+def slow_stretch(serve: Mapping[str, Any], reference_ms: float | None = None) -> list[int]:
+    """The indices of Case-A's slow requests in stretches: slower than :data:`SLOW_FACTOR`
+    times ``reference_ms`` (its median service time alone; this run's median where None), and
+    starting within :data:`STRETCH_GAP_S` of the end of the slow one before."""
+    service = a_service_ms(dict(serve))
+    if not service:
+        return []
+    limit = SLOW_FACTOR * (reference_ms or stats.percentile(service, 50))
+    stretched: list[int] = []
+    last_slow_end: float | None = None
+    for i, (start, end, ms) in enumerate(zip(serve["start"], serve["end"], service, strict=False)):
+        if ms <= limit:
+            continue
+        if last_slow_end is not None and start - last_slow_end < STRETCH_GAP_S:
+            stretched.append(i)
+        last_slow_end = end
+    return stretched
 
 
 def b_step_times(raw: RawScenario) -> list[list[float]] | None:
@@ -121,6 +149,9 @@ def scenario_metrics(
         )
         row["a_requests"] = len(raw.serve["end"])
         row["a_busy"] = a_busy(raw.serve, raw.window) if raw.window else None
+        alone_service = a_service_ms(a_alone.serve) if a_alone is not None and a_alone.serve else []
+        alone_ms = stats.percentile(alone_service, 50) if alone_service else None
+        row["a_slow_stretched"] = len(slow_stretch(raw.serve, alone_ms))
     else:
         row.update(
             a_latency_ms=None,
