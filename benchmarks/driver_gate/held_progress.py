@@ -17,7 +17,7 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 
 Without ``events.jsonl`` (a run kept without it) only the last part is printed.
 
-    python3 benchmarks/driver_gate/held_progress.py RUN_FOLDER
+    python3 benchmarks/driver_gate/held_progress.py [--json] RUN_FOLDER [RUN_FOLDER ...]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
     """Requests slower than twice the run's median service time; those of them in stretches
     (``scenario_metrics.slow_stretch``); the trainer's longest step that overlaps one (ms)."""
     service = scenario_metrics.a_service_ms(server)
-    limit = scenario_metrics.SLOW_FACTOR * statistics.median(service)
+    limit = scenario_metrics.slow_limit_ms(service)
     stretched = scenario_metrics.slow_stretch(server)
     s = server["start"]
     ends = trainer["step_end_t"]
@@ -116,9 +116,23 @@ def summary(folder: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a runs/rN/SCENARIO folder of gpreempt bench")
-    folder = parser.parse_args(argv).folder
-    r = summary(folder)
+    parser.add_argument(
+        "folders", type=Path, nargs="+", help="runs/rN/SCENARIO folders of gpreempt bench"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    summaries = {str(folder): summary(folder) for folder in args.folders}
+    if args.json:
+        print(json.dumps(summaries, indent=1))
+        return 0
+    for folder, r in summaries.items():
+        if len(summaries) > 1:
+            print(f"{folder}:")
+        _print(r)
+    return 0
+
+
+def _print(r: dict[str, Any]) -> None:
     if "active_share" in r:
         print(
             f"server active {r['active_share']:.2f} of the time; trainer step {r['step_ms']:.2f} ms"
@@ -137,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         f"in stretches {slow['in_stretches']}; the trainer's longest step over one "
         f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
     )
-    return 0
 
 
 if __name__ == "__main__":
