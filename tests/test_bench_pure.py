@@ -247,7 +247,7 @@ def test_serve_args_split_like_a_shell_and_keep_the_scenario_settings() -> None:
 
 
 def test_one_sides_environment_is_parsed_and_checked() -> None:
-    from gpreempt.cli.bench import _assignments
+    from gpreempt.bench.runner import assignments as _assignments
 
     assert _assignments(["GPREEMPT_DRIVER_GATE=0", "A=b=c"], "--env-b") == (
         ("GPREEMPT_DRIVER_GATE", "0"),

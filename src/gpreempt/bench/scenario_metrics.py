@@ -68,14 +68,20 @@ SLOW_FACTOR = 2.0
 STRETCH_GAP_S = 0.01
 
 
-def slow_stretch(serve: Mapping[str, Any], reference_ms: float | None = None) -> list[int]:
-    """The indices of Case-A's slow requests in stretches: slower than :data:`SLOW_FACTOR`
-    times ``reference_ms`` (its median service time alone; this run's median where None), and
-    starting within :data:`STRETCH_GAP_S` of the end of the slow one before."""
-    service = a_service_ms(dict(serve))
+def slow_limit_ms(service: Sequence[float], reference_ms: float | None = None) -> float:
+    """Above this a request is slow: :data:`SLOW_FACTOR` times ``reference_ms`` (Case-A's
+    median service time alone), or the median of ``service`` (its service times in this run,
+    not empty) where None."""
+    return SLOW_FACTOR * (reference_ms or stats.percentile(service, 50))
+
+
+def slow_stretch(serve: dict[str, Any], reference_ms: float | None = None) -> list[int]:
+    """The indices of Case-A's slow requests (:func:`slow_limit_ms`) in stretches: starting
+    within :data:`STRETCH_GAP_S` of the end of the slow one before."""
+    service = a_service_ms(serve)
     if not service:
         return []
-    limit = SLOW_FACTOR * (reference_ms or stats.percentile(service, 50))
+    limit = slow_limit_ms(service, reference_ms)
     stretched: list[int] = []
     last_slow_end: float | None = None
     for i, (start, end, ms) in enumerate(zip(serve["start"], serve["end"], service, strict=False)):

@@ -253,7 +253,7 @@ def _out_dir(value: str | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     from ..bench.builtin_workloads import CASE_A_BATCH
     from ..bench.device import gpu_present
-    from ..bench.runner import BenchConfig, run_bench, trainer_spec
+    from ..bench.runner import BenchConfig, assignments, run_bench, trainer_spec
     from ..bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, check_scenarios
     from ..bench.workload_argv import Workloads
 
@@ -291,8 +291,8 @@ def run(args: argparse.Namespace) -> int:
         case_b_cmd=args.case_b_cmd,
         warmup_s=warmup,
         warmup_steps=5 if args.quick else 10,
-        env_a=_assignments(args.env_a, "--env-a"),
-        env_b=_assignments(args.env_b, "--env-b"),
+        env_a=assignments(args.env_a, "--env-a"),
+        env_b=assignments(args.env_b, "--env-b"),
     )
     config = BenchConfig(
         out_dir=_out_dir(args.out),
@@ -343,10 +343,3 @@ def _case_b_kinds(text: str) -> tuple[str, ...]:
     if len(set(kinds)) != len(kinds):
         raise UsageError(f"--case-b names a trainer twice: {text}")
     return kinds
-
-
-def _assignments(items: list[str], option: str) -> tuple[tuple[str, str], ...]:
-    """``NAME=VALUE`` words as pairs; a word without ``=`` or a name is a usage error."""
-    from ..bench.runner import assignments
-
-    return assignments(items, option)
