@@ -210,7 +210,9 @@ device = cupy.cuda.Device()
 """
 
 # A server that marks no requests (no PyTorch, so no operator gate either): its driver-level
-# gate tells its activity from its launches, and the trainer's barriers wait on that word.
+# gate tells its activity from its launches, and the trainer's barriers wait on that word. It
+# queues its next batch before it waits for the last, so it has no idle gap (one longer than
+# the idle grace would rightly let the trainer run).
 SERVER_LAUNCHES = (
     CUPY_SPIN
     + r"""
@@ -218,11 +220,16 @@ import pathlib, sys, time
 go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 while not go.exists():
     time.sleep(0.005)
-end = time.monotonic() + seconds
-while time.monotonic() < end:
+end, queued = time.monotonic() + seconds, None
+while time.monotonic() < end:  # a millisecond of work always queued: never idle between batches
     for _ in range(10):
         spin((1,), (1,), (cupy.uint64(100_000),))
-    device.synchronize()
+    batch = cupy.cuda.Event()
+    batch.record()
+    if queued is not None:
+        queued.synchronize()
+    queued = batch
+device.synchronize()
 time.sleep(120)
 """
 )
