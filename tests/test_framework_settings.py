@@ -15,8 +15,7 @@ from gpreempt.priority import NAMED
 LOW, HIGH = NAMED["low"], NAMED["high"]
 
 
-def test_a_task_that_may_be_preempted_gets_xla_command_buffers_off(monkeypatch) -> None:
-    monkeypatch.delenv("GPREEMPT_XLA_COMMAND_BUFFERS", raising=False)
+def test_a_task_that_may_be_preempted_gets_xla_command_buffers_off() -> None:
     assert framework_settings({}, LOW) == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
 
 
@@ -27,16 +26,19 @@ def test_the_users_other_xla_flags_stay() -> None:
     }
 
 
-def test_a_choice_of_the_user_stands(monkeypatch) -> None:
+def test_a_choice_of_the_user_stands() -> None:
     assert framework_settings({"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"}, LOW) == {}
-    monkeypatch.setenv("GPREEMPT_XLA_COMMAND_BUFFERS", "1")  # kept on purpose
-    assert framework_settings({}, LOW) == {}
+    assert framework_settings({"GPREEMPT_XLA_COMMAND_BUFFERS": "1"}, LOW) == {}  # kept on purpose
 
 
-def test_a_setting_that_is_no_switch_is_one_clear_error(monkeypatch) -> None:
-    monkeypatch.setenv("GPREEMPT_XLA_COMMAND_BUFFERS", "maybe")
+def test_the_commands_environment_decides_not_the_callers(monkeypatch) -> None:
+    monkeypatch.setenv("GPREEMPT_XLA_COMMAND_BUFFERS", "1")
+    assert framework_settings({}, LOW) == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+
+
+def test_a_setting_that_is_no_switch_is_one_clear_error() -> None:
     with pytest.raises(UsageError, match="GPREEMPT_XLA_COMMAND_BUFFERS"):
-        framework_settings({}, LOW)
+        framework_settings({"GPREEMPT_XLA_COMMAND_BUFFERS": "maybe"}, LOW)
 
 
 def test_a_task_that_preempts_others_keeps_its_graphs() -> None:

@@ -7,6 +7,7 @@ persisted state. It is private to its user (mode 0700).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +86,11 @@ def env_number(name: str, kind: type = float, minimum: float = 0, unit: str = ""
     return value
 
 
-def env_switch(name: str) -> bool | None:
-    """The switch in ``$name`` (1/true/yes/on or 0/false/no/off), None if unset or blank;
-    UsageError, naming the variable, for anything else."""
-    raw = os.environ.get(name, "").strip().lower()
+def env_switch(name: str, environ: Mapping[str, str] | None = None) -> bool | None:
+    """The switch in ``$name`` of ``environ`` (this process's environment unless given:
+    1/true/yes/on or 0/false/no/off), None if unset or blank; UsageError, naming the
+    variable, for anything else."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip().lower()
     if raw == "":
         return None
     if raw in ("1", "true", "yes", "on"):

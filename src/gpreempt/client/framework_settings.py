@@ -32,7 +32,7 @@ def framework_settings(env: Mapping[str, str], priority: int) -> dict[str, str]:
     """The variables to set in the environment ``env`` of a command of a task of this
     priority (empty where none): XLA's command buffers off below ``high``. UsageError for a
     ``GPREEMPT_XLA_COMMAND_BUFFERS`` that is no switch."""
-    if priority >= NAMED["high"] or env_switch(ENV_XLA_COMMAND_BUFFERS):
+    if priority >= NAMED["high"] or env_switch(ENV_XLA_COMMAND_BUFFERS, env):
         return {}
     flags = env.get(XLA_FLAGS, "")
     if COMMAND_BUFFER_FLAG in flags:
