@@ -49,6 +49,27 @@ def test_steps_completed_well_into_an_active_period_are_counted(tmp_path: Path, 
     assert r["steps_past_one_step"] == (2 if leak else 0)
     queued = r["queued_service_ms"]["stayed active"]
     assert queued["n"] == 1 and queued["p50"] == pytest.approx(12.0)
+    assert r["reaction_ms"]["n"] == 1 and r["reaction_ms"]["max"] == pytest.approx(0.1)
+
+
+def test_the_daemons_reaction_counts_each_active_period_once(tmp_path: Path):
+    """Two active periods; the trainer is suspended 0.2 ms into the first and 5 ms into the
+    second; a suspend after an idle (another period's) is not counted."""
+    _run(tmp_path / "run", leak=False)
+    events = [
+        {"t": 10.0, "task": "case-a", "event": "active"},
+        {"t": 10.0002, "task": "case-b-0", "event": "suspend"},
+        {"t": 10.0003, "task": "case-b-1", "event": "suspend"},
+        {"t": 10.004, "task": "case-a", "event": "idle"},
+        {"t": 10.005, "task": "case-b-0", "event": "suspend"},
+        {"t": 10.010, "task": "case-a", "event": "active"},
+        {"t": 10.015, "task": "case-b-0", "event": "suspend"},
+        {"t": 10.020, "task": "case-a", "event": "idle"},
+    ]
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    (tmp_path / "run" / "events.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    lag = _load().summary(tmp_path / "run")["reaction_ms"]
+    assert lag["n"] == 2 and lag["max"] == pytest.approx(5.0)
 
 
 def test_a_folder_without_the_run_files_gets_one_line(tmp_path: Path, capsys):
@@ -86,6 +107,7 @@ def test_slow_requests_in_a_stretch_and_the_trainer_step_over_it(tmp_path: Path,
     r = _load().summary(folder)
     assert r["slow"]["slow"] == 3 and r["slow"]["in_stretches"] == 2
     assert r["slow"]["longest_step_ms"] == pytest.approx(50.0)
+    assert r["slow"]["longest_request_ms"] == pytest.approx(3.0)
     assert "active_share" not in r
     assert _load().main([str(folder)]) == 0
     out = capsys.readouterr().out

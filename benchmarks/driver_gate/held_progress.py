@@ -11,9 +11,12 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 * the service time of requests that queued behind the previous one, split by whether the
   server went idle in between: a server that stays active should serve them as fast as alone;
 * the requests that took more than twice the run's median service time, how many of them came
-  in stretches (one right after another), and the trainer's longest step over such a stretch:
-  a stretch of slow requests with a trainer that makes no progress is the GPU shared with a
-  held trainer, not its work going on.
+  in stretches (one right after another), the longest request, and the trainer's longest step
+  over such a stretch: a stretch of slow requests with a trainer that makes no progress is not
+  its work going on, but the GPU or the CPU shared with something else;
+* how long the daemon took from the server's ``active`` event to the trainer's ``suspend``
+  (median and longest): a long one beside a slow request points at the machine's CPU side
+  (the daemon uses no GPU), not at a GPU shared with held work.
 
 Without ``events.jsonl`` (a run kept without it) only the last part is printed.
 
@@ -74,7 +77,26 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
         if any(a < s[i] < b for i in stretched):
             longest = max(longest, (b - a) * 1e3)
     return {"limit_ms": limit, "slow": sum(1 for ms in service if ms > limit),
-            "in_stretches": len(stretched), "longest_step_ms": longest}  # fmt: skip
+            "in_stretches": len(stretched), "longest_step_ms": longest,
+            "longest_request_ms": max(service, default=0.0)}  # fmt: skip
+
+
+def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[str, float]:
+    """From each ``active`` event of the server between ``begin`` and ``end`` to the first
+    ``suspend`` of a trainer after it, before the server's next ``idle``: median and longest
+    (ms; NaN where none)."""
+    ordered = sorted(events, key=lambda e: e.get("t", 0.0))
+    lags, since = [], None
+    for event in ordered:
+        kind, task, t = event.get("event"), str(event.get("task", "")), event.get("t", 0.0)
+        if task == "case-a" and kind == "active" and begin <= t <= end:
+            since = t
+        elif task == "case-a" and kind == "idle":
+            since = None
+        elif since is not None and kind == "suspend" and task.startswith("case-b"):
+            lags.append((t - since) * 1e3)
+            since = None
+    return {"p50": _q(lags, 0.5), "max": max(lags, default=float("nan")), "n": len(lags)}
 
 
 def summary(folder: Path) -> dict[str, Any]:
@@ -108,6 +130,7 @@ def summary(folder: Path) -> dict[str, Any]:
         "steps": len(ends),
         "steps_in_active": len(inside),
         "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
+        "reaction_ms": reaction_ms(events, begin, end),
         "queued_service_ms": {
             k: {"n": len(v), "p50": _q(v, 0.5), "p90": _q(v, 0.9)} for k, v in split.items()
         },
@@ -145,11 +168,15 @@ def _print(r: dict[str, Any]) -> None:
         for k, v in r["queued_service_ms"].items():
             print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
                   f"p90 {v['p90']:.2f} ms")  # fmt: skip
+        lag = r["reaction_ms"]
+        print(f"the daemon's suspend after the server's active: median {lag['p50']:.2f} ms, "
+              f"longest {lag['max']:.2f} ms (n={lag['n']})")  # fmt: skip
     slow = r["slow"]
     print(
         f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']}, "
-        f"in stretches {slow['in_stretches']}; the trainer's longest step over one "
-        f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
+        f"in stretches {slow['in_stretches']}, the longest {slow['longest_request_ms']:.1f} ms; "
+        f"the trainer's longest step over one {slow['longest_step_ms']:.0f} ms (its median "
+        f"{r['step_ms']:.0f})"
     )
 
 
