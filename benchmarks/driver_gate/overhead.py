@@ -4,10 +4,12 @@ For each trainer kind a copy of it per configuration runs beside the others, tak
 the GPU (one runs while the others wait idle), in rounds whose order is shuffled:
 
 * ``ungated``: plain ``python``, no gpreempt at all;
-* ``control``: a second plain copy: its ratio would be 1 but for what tells the processes
-  apart beside gpreempt (where their memory lies) and the rounds' noise; read the others
-  against its spread. The copies start in an order shuffled per kind (each turn records its
-  copy's place, ``started``), each in a session of its own;
+* ``control``: a second copy without gpreempt, given only what ``gpreempt run`` sets for the
+  frameworks of a task below ``high`` (XLA's graphs off: ``client/framework_settings.py``;
+  nothing for the other kinds): its ratio would be 1 but for those settings, what tells the
+  processes apart beside gpreempt (where their memory lies) and the rounds' noise; read the
+  others against its spread. The copies start in an order shuffled per kind (each turn
+  records its copy's place, ``started``), each in a session of its own;
 * ``defaults``: ``gpreempt run --priority low`` beside an idle, more important task registered
   on the same GPU (``gpreempt run --priority high -- sleep``): the daemon lets its gate sleep
   after a second;
@@ -41,6 +43,8 @@ import time
 from pathlib import Path
 
 from gpreempt.bench import turns
+from gpreempt.client.framework_settings import framework_settings
+from gpreempt.priority import NAMED
 
 CONFIGS = ("ungated", "control", "defaults", "awake")
 KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
@@ -102,7 +106,8 @@ def measure_kind(
     def start(config: str) -> None:
         """One copy; each in a session of its own, as ``gpreempt run`` starts its command."""
         if config in ("control", "ungated"):
-            procs.append(subprocess.Popen(child(config), env=env, start_new_session=True))
+            plain = {**env, **framework_settings(env, NAMED["low"])} if config == "control" else env
+            procs.append(subprocess.Popen(child(config), env=plain, start_new_session=True))
             return
         runtime = work / f"rt-{kind}-{ids[config]}"
         sleep_after = [] if config == "defaults" else ["--sleep-after-s", "0"]
