@@ -88,6 +88,14 @@ turns.take_turns(Path(turn_path), me, Path(out_path), run)
 """
 
 
+def plain_env(config: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment of a copy without gpreempt: ``control`` gets what ``gpreempt run`` sets
+    for the frameworks of a task below ``high``, ``ungated`` nothing."""
+    if config == "control":
+        return {**env, **framework_settings(env, NAMED["low"])}
+    return env
+
+
 def measure_kind(
     kind: str, rounds: int, turn_s: float, work: Path, variants: tuple[str, ...] = ()
 ) -> list[dict]:
@@ -106,8 +114,9 @@ def measure_kind(
     def start(config: str) -> None:
         """One copy; each in a session of its own, as ``gpreempt run`` starts its command."""
         if config in ("control", "ungated"):
-            plain = {**env, **framework_settings(env, NAMED["low"])} if config == "control" else env
-            procs.append(subprocess.Popen(child(config), env=plain, start_new_session=True))
+            procs.append(
+                subprocess.Popen(child(config), env=plain_env(config, env), start_new_session=True)
+            )
             return
         runtime = work / f"rt-{kind}-{ids[config]}"
         sleep_after = [] if config == "defaults" else ["--sleep-after-s", "0"]
