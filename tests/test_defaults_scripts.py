@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from conftest import load_script
+
 DEFAULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "defaults"
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, DEFAULTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"benchmarks/defaults/{name}.py")
 
 
 def _case_b(path: Path, gate: dict | None) -> None:

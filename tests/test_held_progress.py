@@ -4,22 +4,16 @@ was active, and the service of requests that queued, from one bench run folder."
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "driver_gate" / "held_progress.py"
+from conftest import load_script
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("held_progress", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/driver_gate/held_progress.py")
 
 
 def _run(folder: Path, *, leak: bool) -> None:
@@ -50,6 +44,17 @@ def test_steps_completed_well_into_an_active_period_are_counted(tmp_path: Path, 
     queued = r["queued_service_ms"]["stayed active"]
     assert queued["n"] == 1 and queued["p50"] == pytest.approx(12.0)
     assert r["reaction_ms"]["n"] == 1 and r["reaction_ms"]["max"] == pytest.approx(0.1)
+    assert r["late_after_a_gap"] == 0
+
+
+def test_late_steps_after_a_gap_between_requests_are_told_apart(tmp_path: Path):
+    """The server idles 2 ms between its two requests inside one of the daemon's periods: of
+    the two late steps, the one after that gap ran rightly."""
+    _run(tmp_path / "run", leak=True)
+    server = {"start": [10.000, 10.006], "end": [10.004, 10.020], "scheduled": [10.0, 10.006]}
+    (tmp_path / "run" / "case-a.json").write_text(json.dumps(server))
+    r = _load().summary(tmp_path / "run")
+    assert r["steps_past_one_step"] == 2 and r["late_after_a_gap"] == 1
 
 
 def test_the_daemons_reaction_counts_each_active_period_once(tmp_path: Path):

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "driver_gate" / "overhead.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("overhead", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 def test_control_gets_the_frameworks_settings_of_a_low_task_and_ungated_nothing() -> None:
     """So that JAX's gated copy, whose XLA graphs ``gpreempt run`` turns off, is read against
     a copy with the same XLA."""
-    overhead = _load()
+    overhead = load_script("benchmarks/driver_gate/overhead.py")
     env = {"PATH": "/usr/bin", "XLA_FLAGS": "--xla_gpu_autotune_level=2"}
     control = overhead.plain_env("control", env)
     assert control["XLA_FLAGS"] == "--xla_gpu_autotune_level=2 --xla_gpu_enable_command_buffer="

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpreempt.bench import daemon_events, scenario_metrics
+from gpreempt.config import DEFAULT_IDLE_GRACE_MS
 
 
 def _read(folder: Path, name: str, required: bool = True) -> Any:
@@ -79,6 +80,29 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
     return {"limit_ms": limit, "slow": sum(1 for ms in service if ms > limit),
             "in_stretches": len(stretched), "longest_step_ms": longest,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
+
+
+def late_after_a_gap(
+    ends: list[float], periods: list[tuple[float, float]], step_s: float, server: dict[str, Any]
+) -> int:
+    """Of the late steps (``daemon_events.late_steps``), those whose active period holds,
+    before the step completed, a gap between two requests longer than the idle grace: there
+    the server's words dropped and the trainer rightly ran, though the daemon's events, which
+    are coarser, show one period. Its requests are timed on the host, a little wider than its
+    words stay raised."""
+    grace = DEFAULT_IDLE_GRACE_MS / 1e3
+    pairs = zip(server["end"], server["start"][1:], strict=False)
+    gaps = [(a, b) for a, b in pairs if b - a > grace]  # (one request's end, the next's start)
+    gap_ends = [a for a, _ in gaps]
+    starts = [p[0] for p in periods]
+    count = 0
+    for t in ends:
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t > periods[i][1] or t - periods[i][0] <= 1.5 * step_s:
+            continue
+        j = bisect.bisect_right(gap_ends, periods[i][0])  # the first gap opened in the period
+        count += j < len(gaps) and gaps[j][1] < t
+    return count
 
 
 def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[str, float]:
@@ -130,6 +154,7 @@ def summary(folder: Path) -> dict[str, Any]:
         "steps": len(ends),
         "steps_in_active": len(inside),
         "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
+        "late_after_a_gap": late_after_a_gap(ends, periods, step_s, server),
         "reaction_ms": reaction_ms(events, begin, end),
         "queued_service_ms": {
             k: {"n": len(v), "p50": _q(v, 0.5), "p90": _q(v, 0.9)} for k, v in split.items()
@@ -163,7 +188,8 @@ def _print(r: dict[str, Any]) -> None:
         print(
             f"trainer steps completed: {r['steps']}, inside active periods "
             f"{r['steps_in_active']}, of them more than 1.5 steps into the period: "
-            f"{r['steps_past_one_step']}"
+            f"{r['steps_past_one_step']} ({r['late_after_a_gap']} after a gap between two "
+            "requests longer than the idle grace)"
         )
         for k, v in r["queued_service_ms"].items():
             print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
