@@ -85,7 +85,7 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
 def late_after_a_gap(
     ends: list[float], periods: list[tuple[float, float]], step_s: float, server: dict[str, Any]
 ) -> int:
-    """Of the late steps (``daemon_events.late_steps``), those whose active period holds,
+    """Of the late steps (``daemon_events.late_steps_in``), those whose active period holds,
     before the step completed, a gap between two requests longer than the idle grace: there
     the server's words dropped and the trainer rightly ran, though the daemon's events, which
     are coarser, show one period. Its requests are timed on the host, a little wider than its
@@ -94,13 +94,9 @@ def late_after_a_gap(
     pairs = zip(server["end"], server["start"][1:], strict=False)
     gaps = [(a, b) for a, b in pairs if b - a > grace]  # (one request's end, the next's start)
     gap_ends = [a for a, _ in gaps]
-    starts = [p[0] for p in periods]
     count = 0
-    for t in ends:
-        i = bisect.bisect_right(starts, t) - 1
-        if i < 0 or t > periods[i][1] or t - periods[i][0] <= 1.5 * step_s:
-            continue
-        j = bisect.bisect_right(gap_ends, periods[i][0])  # the first gap opened in the period
+    for t, (begin, _) in daemon_events.late_steps_in(ends, periods, step_s):
+        j = bisect.bisect_right(gap_ends, begin)  # the first gap opened in the period
         count += j < len(gaps) and gaps[j][1] < t
     return count
 

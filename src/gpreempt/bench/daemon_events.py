@@ -118,10 +118,17 @@ def late_steps(
     (``step_s``) after the period began did so. A trainer held while the period lasts may only
     finish the step it was running when it began: a later one ran while it should have been
     held, or the period's task dropped its activity for moments its events do not show."""
+    return [t - period[0] for t, period in late_steps_in(step_ends, periods, step_s)]
+
+
+def late_steps_in(
+    step_ends: Sequence[float], periods: Sequence[tuple[float, float]], step_s: float
+) -> list[tuple[float, tuple[float, float]]]:
+    """The late steps of :func:`late_steps`, each as (when it completed, its period)."""
     starts = [p[0] for p in periods]
     late = []
     for t in step_ends:
         i = bisect.bisect_right(starts, t) - 1
         if i >= 0 and t <= periods[i][1] and t - periods[i][0] > 1.5 * step_s:
-            late.append(t - periods[i][0])
+            late.append((t, periods[i]))
     return late
