@@ -34,3 +34,19 @@ def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
     for _ in range(count - 1):
         offsets.append(offsets[-1] + rng.expovariate(rate))
     return offsets
+
+
+#: How far (relative) Case-A's busy share in its check run may lie from the load asked for
+#: before the arrival rate is corrected.
+LOAD_TOLERANCE = 0.03
+
+
+def corrected_rate(
+    rate: float, load: float, busy: float | None, tolerance: float = LOAD_TOLERANCE
+) -> float:
+    """The arrival rate that brings a server measured busy ``busy`` of the time at ``rate`` to
+    ``load``: ``rate * load / busy`` where ``busy`` lies off ``load`` by more than
+    ``tolerance`` (relative), else ``rate``; ``rate`` where nothing was measured."""
+    if busy is None or busy <= 0 or abs(busy / load - 1.0) <= tolerance:
+        return rate
+    return rate * load / busy

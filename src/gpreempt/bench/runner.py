@@ -25,6 +25,7 @@ from typing import Any
 from .. import __version__
 from ..errors import UsageError
 from .load import arrival_rate, poisson_arrivals
+from .load_check import check_load
 from .memory_pressure import MemoryPlan, make_plan, probe_gpu
 from .plots import all_plots
 from .report import render
@@ -59,6 +60,7 @@ class BenchConfig:
     seed: int = 0
     quick: bool = False
     calibrate_requests: int = 200
+    check_load: bool = True  # correct the rate from a run of Case-A alone (.load_check)
     workloads: Workloads = field(default_factory=Workloads)
     gpreempt: tuple[str, ...] = (sys.executable, "-m", "gpreempt")
     mps_control: str = "nvidia-cuda-mps-control"
@@ -197,7 +199,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
 
     from tqdm import tqdm
 
-    steps = 1 + config.repeats * (len(alone) + len(trainers) * len(own))
+    steps = 1 + int(config.check_load) + config.repeats * (len(alone) + len(trainers) * len(own))
     bar = tqdm(total=steps, desc="gpreempt bench", unit="step")
     try:
         bar.set_postfix_str("calibrating Case-A")
@@ -213,6 +215,13 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
         service_ms = calibrate(harness, out / "calibration", config.calibrate_requests, config.load)
         service_s = statistics.fmean(service_ms) / 1000.0
         rate = arrival_rate(config.load, service_s)
+        load_check = None
+        if config.check_load:
+            bar.update(1)
+            bar.set_postfix_str("checking Case-A's load alone")
+            rate, load_check = check_load(
+                harness, out / "load_check", config.load, rate, config.requests, config.seed
+            )
         offsets = poisson_arrivals(config.requests, rate, config.seed)
         (out / "arrivals.json").write_text(json.dumps(offsets))
         memory = _memory_plan(config, names, offsets[-1])
@@ -220,6 +229,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
             "service_ms": service_ms,
             "service_s": service_s,
             "rate": rate,
+            "load_check": load_check,
             "span_s": offsets[-1],
             "memory_plan": memory.as_dict() if memory else None,
             "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
@@ -325,6 +335,7 @@ def _write_results(
         "service_ms_alone": facts["service_s"] * 1000.0,
         "service_ms_calibration": latency_summary(facts["service_ms"]),
         "arrival_rate_per_s": facts["rate"],
+        "load_check": facts["load_check"],  # Case-A alone before the repeats (None: none)
         "arrivals_span_s": facts["span_s"],
         "command": config.command,
         "serve_args": list(config.serve_args),

@@ -181,6 +181,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-nvml", action="store_true", help="do not sample GPU utilisation with NVML"
     )
+    parser.add_argument(
+        "--no-load-check",
+        action="store_true",
+        help="keep the calibration's arrival rate: do not serve the arrivals alone once first "
+        "and correct the rate where Case-A's busy share lies off --load",
+    )
     memory = parser.add_argument_group(
         "memory-pressure scenarios (F: GPU 0's free memory before the scenarios)"
     )
@@ -307,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_requests=100 if args.quick else 200,
         workloads=workloads,
         nvml=not args.no_nvml,
+        check_load=not args.no_load_check,
         serve_args=_serve_args(args.serve_args),
         command=shlex.join(["gpreempt", *sys.argv[1:]]),
         ballast_gib=args.ballast_gib,
