@@ -363,7 +363,10 @@ def test_cli_passes_all_and_memory_options(monkeypatch, tmp_path):
         str(tmp_path / "o"),
     ]
     assert main(argv) == 0
+    assert seen.pop("c").check_load is True  # on unless turned off
+    assert main([*argv[:-1], str(tmp_path / "p"), "--no-load-check"]) == 0
     config = seen["c"]
+    assert config.check_load is False
     assert config.scenarios == ALL_SCENARIOS
     assert (config.ballast_gib, config.growth_gib, config.reserve_gib) == (30.0, 35.0, None)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpreempt.bench.load import corrected_rate, poisson_arrivals
 from gpreempt.bench.mps import MpsDaemon
 from gpreempt.bench.runner import BenchConfig, run_bench
 from gpreempt.bench.workload_argv import Workloads
@@ -78,6 +79,15 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
     assert saved["params"]["requests"] == 80 and saved["params"]["bg"] == 1
     assert set(saved["device"]) == {"name", "driver", "cuda", "torch"}
     assert list(saved["scenarios"]) == [*scenarios, "a-alone-after"]
+    # Case-A served the arrivals alone once first; the run's rate is the one that check gave
+    check, params = saved["params"]["load_check"], saved["params"]
+    assert 0 < check["a_busy"] <= 1
+    expected = corrected_rate(check["rate_calibrated_per_s"], 0.5, check["a_busy"])
+    assert params["arrival_rate_per_s"] == pytest.approx(expected)
+    assert check["corrected"] == (expected != check["rate_calibrated_per_s"])
+    arrivals = json.loads((out / "arrivals.json").read_text())
+    assert arrivals == pytest.approx(poisson_arrivals(80, expected, 0))
+    assert json.loads((out / "load_check" / "scenario.json").read_text())["valid"]
     for name, row in saved["scenarios"].items():
         assert row["valid"], (name, row.get("invalid_reason"))
         assert set(row) >= {
@@ -212,6 +222,7 @@ def test_cli_help_documents_every_option(capsys):
         "--repeats",
         "--out",
         "--quick",
+        "--no-load-check",
         "mps-priority",
         "gpreempt",
     ):
