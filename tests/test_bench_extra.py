@@ -78,6 +78,7 @@ def test_opt_in_scenarios_run_and_report(tmp_path):
         gpreempt=(sys.executable, str(FAKES)),
         nvml=False,
         probe_device=False,
+        check_load=False,
         ballast_gib=6,
         growth_gib=5,
         memory_settle_s=0.3,
@@ -147,6 +148,7 @@ def test_scheduler_scenario_runs_in_one_process(tmp_path):
         gpreempt=(sys.executable, str(FAKES)),
         nvml=False,
         probe_device=False,
+        check_load=False,
     )
     rows = run_bench(config)["scenarios"]
     assert rows["gpreempt-scheduler"]["valid"], rows["gpreempt-scheduler"]["invalid_reason"]

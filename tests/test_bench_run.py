@@ -43,6 +43,7 @@ def _config(out: Path, scenarios, workloads: Workloads, **kw) -> BenchConfig:
         gpreempt=(sys.executable, str(FAKES)),
         nvml=False,
         probe_device=False,
+        check_load=kw.pop("check_load", False),  # on in the full run's test, which checks it
         **kw,
     )
 
@@ -71,7 +72,9 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
     ]
     env_log = tmp_path / "env"
     env_log.mkdir()
-    config = _config(out, scenarios, _workloads(FAKE_ENV_LOG=str(env_log)), repeats=2)
+    config = _config(
+        out, scenarios, _workloads(FAKE_ENV_LOG=str(env_log)), repeats=2, check_load=True
+    )
     config = BenchConfig(**{**config.__dict__, "mps_control": str(_fake_mps(tmp_path))})
     results = run_bench(config)
 
@@ -88,6 +91,7 @@ def test_full_run_writes_results_report_and_plots(tmp_path):
     arrivals = json.loads((out / "arrivals.json").read_text())
     assert arrivals == pytest.approx(poisson_arrivals(80, expected, 0))
     assert json.loads((out / "load_check" / "scenario.json").read_text())["valid"]
+    assert "load checked alone first: busy" in (out / "report.md").read_text()
     for name, row in saved["scenarios"].items():
         assert row["valid"], (name, row.get("invalid_reason"))
         assert set(row) >= {

@@ -98,6 +98,7 @@ def test_an_http_cell_runs_under_the_real_daemon(cpu_http, tmp_path: Path) -> No
         gpreempt=(sys.executable, "-m", "gpreempt"),
         nvml=False,
         probe_device=False,
+        check_load=False,
     )
     results = run_bench(config)
     scenarios = results["scenarios"]

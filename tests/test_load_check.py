@@ -79,3 +79,15 @@ def test_a_failed_check_keeps_the_rate_and_says_why(tmp_path, monkeypatch):
     assert rate == 100.0
     assert found["a_busy"] is None and found["corrected"] is False
     assert "exited with 1" in found["invalid_reason"]
+
+
+def test_the_check_is_said_in_one_sentence():
+    from gpreempt.bench.load import describe_load_check
+
+    assert describe_load_check(None, 77.0) == ""
+    kept = describe_load_check({"a_busy": 0.5, "corrected": False}, 77.0)
+    assert "busy 0.50" in kept and "calibrated rate stands" in kept
+    moved = {"a_busy": 0.62, "rate_calibrated_per_s": 77.1, "corrected": True}
+    assert "at 77.1 requests/s, so the run used 62.2/s" in describe_load_check(moved, 62.2)
+    failed = {"a_busy": None, "corrected": False, "invalid_reason": "Case-A exited with 1"}
+    assert "failed (Case-A exited with 1)" in describe_load_check(failed, 77.0)

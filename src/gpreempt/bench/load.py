@@ -50,3 +50,19 @@ def corrected_rate(
     if busy is None or busy <= 0 or abs(busy / load - 1.0) <= tolerance:
         return rate
     return rate * load / busy
+
+
+def describe_load_check(check: dict | None, rate: float | None) -> str:
+    """One sentence on a run's ``params.load_check`` (``rate``: the rate the run used); empty
+    where the load was not checked."""
+    if not check:
+        return ""
+    busy = check.get("a_busy")
+    if busy is None:
+        why = check.get("invalid_reason") or "nothing measured"
+        return f"Case-A's load check alone failed ({why}); the calibrated rate stands."
+    said = f"Case-A's load checked alone first: busy {busy:.2f} of the time"
+    if check.get("corrected") and rate is not None:
+        calibrated = check.get("rate_calibrated_per_s") or 0.0
+        return f"{said} at {calibrated:.1f} requests/s, so the run used {rate:.1f}/s."
+    return f"{said}, the calibrated rate stands."

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .load import describe_load_check
+
 
 def _num(value: Any, digits: int = 2) -> str:
     if value is None or isinstance(value, str):
@@ -135,6 +137,9 @@ def render(results: Mapping[str, Any]) -> str:
         + (" (median, spread min-max in brackets)" if (params.get("repeats") or 1) > 1 else "")
         + "."
     )
+    checked = describe_load_check(params.get("load_check"), params.get("arrival_rate_per_s"))
+    if checked:
+        out.append(checked)
     out.append(f"Generated {results.get('generated_at', '')}; command: `{params.get('command')}`.")
     out += [
         "",

@@ -12,6 +12,8 @@ def print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ..bench.load import describe_load_check
+
     beside = f", beside {case_b}" if case_b else ""
     table = Table(
         title=f"gpreempt bench{beside} (Case-A P99 ratio: lower is better, 1.0 = as alone)"
@@ -58,4 +60,8 @@ def print_summary(results: dict, out_dir: Path, case_b: str = "") -> None:
             f"{fmt(row.get('a_growth_request_ms'), 1)} ms; evictions {evict.get('count', 'n/a')}; "
             f"Case-B survived: {'yes' if row.get('b_survived') else 'no'}"
         )
+    params = results.get("params", {})
+    checked = describe_load_check(params.get("load_check"), params.get("arrival_rate_per_s"))
+    if checked:
+        console.print(checked)
     console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
