@@ -2,7 +2,7 @@
 
 The arrival rate comes from the calibration's mean service time, but a server's requests may
 take longer in a run of its own than in the calibration: the ResNet-50 graph server measured
-1.26 ms at calibration and was busy 0.53-0.54 of the time alone at load 0.5, and an eager
+1.26 ms at calibration and was busy 0.52-0.54 of the time alone at load 0.5, and an eager
 server's mean service time moved between 4.1 and 7.3 ms from one process to the next on one
 machine (``benchmarks/defaults/eager_service.py``). A run at another load than asked leaves its
 trainers another share of the GPU. So Case-A first serves the run's arrivals once alone; where
