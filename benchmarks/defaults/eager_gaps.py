@@ -6,7 +6,7 @@ the first and after the last, and the idle gaps between them. The profiler slows
 (wall times read two to three times those without it); the GPU's busy time and the gaps' sizes are
 what it is for: a trainer could use the GPU inside such requests only in gaps of tens of us.
 
-    PYTHONPATH=src python3 benchmarks/defaults/eager_gaps.py --requests 60 > eager_gaps.txt
+    PYTHONPATH=src python3 benchmarks/defaults/eager_gaps.py --requests 60 --out eager_gaps.json
 """
 
 from __future__ import annotations
@@ -39,10 +39,41 @@ def busy_and_gaps(
     return busy, gaps, first - s, t - end
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=60)
-    a = p.parse_args()
+def summary(rows: list[dict[str, float]], gaps_us: list[float]) -> dict[str, object]:
+    """What the run says, compact: its per-request rows, the gaps' quantiles (us) and the share
+    of the idle time that lies in gaps of 50 us or more."""
+    q = sorted(gaps_us)
+    pick = {f"p{int(f * 100)}": q[min(len(q) - 1, int(f * len(q)))] for f in (0.5, 0.9, 0.99)}
+    return {
+        "rows": rows,
+        "gap_us": {**pick, "max": q[-1], "count": len(q)},
+        "idle_share_in_gaps_ge_50us": sum(g for g in q if g >= 50) / sum(q),
+    }
+
+
+def show(found: dict) -> None:
+    """The two lines it prints (ms; medians over the requests)."""
+    rows = found["rows"]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows) / 1e3
+
+    wall, busy = med("wall_us"), med("busy_us")
+    print(
+        f"requests {len(rows)}: wall {wall:.2f} ms, GPU busy {busy:.2f} ms ({busy / wall:.2f}), "
+        f"before first kernel {med('lead_us'):.2f} ms, after last {med('tail_us'):.2f} ms, gaps "
+        f"{med('gaps') * 1e3:.0f} summing {med('gap_us_sum'):.2f} ms"
+    )
+    g = found["gap_us"]
+    print(
+        f"idle gaps inside requests (us): p50 {g['p50']:.1f} p90 {g['p90']:.1f} p99 "
+        f"{g['p99']:.1f} max {g['max']:.1f}; share of idle in gaps >= 50 us "
+        f"{found['idle_share_in_gaps_ge_50us']:.2f}"
+    )
+
+
+def measure(requests: int) -> dict[str, object]:
+    """Profile ``requests`` eager requests alone and summarise them."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -53,7 +84,7 @@ def main() -> None:
         serve()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.requests):
+        for _ in range(requests):
             with record_function("request"):
                 serve()
             time.sleep(0.005)
@@ -66,33 +97,52 @@ def main() -> None:
         for e in events
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
-    requests = sorted(
+    spans = sorted(
         (e["ts"], e["ts"] + e["dur"])
         for e in events
         if e.get("name") == "request" and e.get("cat") == "user_annotation"
     )
     rows, all_gaps = [], []
-    for request in requests:
-        found = busy_and_gaps(request, gpu)
+    for s, t in spans:
+        found = busy_and_gaps((s, t), gpu)
         if found is None:
             continue
         busy, gaps, lead, tail = found
-        rows.append((request[1] - request[0], busy, lead, tail, len(gaps), sum(gaps)))
+        rows.append(
+            {
+                "wall_us": t - s,
+                "busy_us": busy,
+                "lead_us": lead,
+                "tail_us": tail,
+                "gaps": len(gaps),
+                "gap_us_sum": sum(gaps),
+            }
+        )
         all_gaps += gaps
-    medians = (statistics.median(c) / 1e3 for c in zip(*rows, strict=True))
-    wall, busy, lead, tail, count, idle = medians
-    print(
-        f"requests {len(rows)}: wall {wall:.2f} ms, GPU busy {busy:.2f} ms ({busy / wall:.2f}), "
-        f"before first kernel {lead:.2f} ms, after last {tail:.2f} ms, gaps {count * 1e3:.0f} "
-        f"summing {idle:.2f} ms"
+    return summary(rows, all_gaps)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=60)
+    p.add_argument("--out", help="write the summary as JSON here")
+    p.add_argument(
+        "--from",
+        dest="raw",
+        metavar="FILE",
+        help="summarise a raw file of this script's first form ({rows, gaps_us}) instead",
     )
-    q = sorted(all_gaps)
-    pick = [q[min(len(q) - 1, int(f * len(q)))] for f in (0.5, 0.9, 0.99)]
-    long_share = sum(g for g in q if g >= 50) / sum(q)
-    print(
-        f"idle gaps inside requests (us): p50 {pick[0]:.1f} p90 {pick[1]:.1f} p99 {pick[2]:.1f} "
-        f"max {q[-1]:.1f}; share of idle in gaps >= 50 us {long_share:.2f}"
-    )
+    a = p.parse_args()
+    if a.raw:
+        with open(a.raw) as f:
+            raw = json.load(f)
+        found = summary(raw["rows"], raw["gaps_us"])
+    else:
+        found = measure(a.requests)
+    show(found)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(found, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,15 @@ one at a time, then 300 open loop (Poisson) at 0.5 of the first 100's mean, and 
 means. No gpreempt. A bench run's load, fixed from its calibration, moves with it
 (``gpreempt bench`` checks it alone first: docs/bench.md#load).
 
-    PYTHONPATH=src python3 benchmarks/defaults/eager_service.py > eager_service.txt
+    PYTHONPATH=src python3 benchmarks/defaults/eager_service.py --out eager_service.json
+
+Each process's record: where it ran, ``bench`` (cudnn.benchmark, on as the server sets it), and
+its service times (ms): one at a time (``iso_*``) and at load (``load_*``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -24,6 +28,8 @@ import time
 
 def child() -> None:
     """One process's figures, as a JSON line."""
+    import torch
+
     from gpreempt.bench.builtin_workloads import resnet50_server
 
     serve = resnet50_server(batch=8, graph=False)
@@ -48,6 +54,7 @@ def child() -> None:
     print(
         json.dumps(
             {
+                "bench": torch.backends.cudnn.benchmark,
                 "iso_mean": statistics.fmean(alone),
                 "iso_p50": statistics.median(alone),
                 "load_mean": statistics.fmean(at_load),
@@ -74,7 +81,12 @@ def placements() -> list[tuple[str, str | None]]:
 
 
 def main() -> None:
-    """One line a process: its placement, then ms one at a time (iso) and at load 0.5."""
+    """One line a process: its placement, then ms one at a time (iso) and at load 0.5; with
+    ``--out FILE``, every record as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write every process's record here as JSON")
+    out = parser.parse_args().out
+    records = []
     for name, cpus in placements():
         pin = ["taskset", "-c", cpus] if cpus else []
         done = subprocess.run(
@@ -84,13 +96,17 @@ def main() -> None:
         if not lines:
             print(f"{name}: failed: {done.stderr.strip().splitlines()[-1:]}")
             continue
-        r = json.loads(lines[-1])
+        r = {**json.loads(lines[-1]), "where": name}
+        records.append(r)
         print(
             f"{name:8} iso mean {r['iso_mean']:.2f} p50 {r['iso_p50']:.2f} | at load: mean "
             f"{r['load_mean']:.2f} p50 {r['load_p50']:.2f} p90 {r['load_p90']:.2f} "
             f"max {r['load_max']:.1f}",
             flush=True,
         )
+    if out:
+        with open(out, "w") as f:
+            json.dump(records, f, indent=1)
 
 
 if __name__ == "__main__":
