@@ -75,3 +75,14 @@ def test_table_prints_a_committed_cell_with_its_spread_and_the_alone_span() -> N
     assert set(rows) == {"gpreempt", "gpreempt-lock"}
     assert "B kept" in rows["gpreempt"] and "[" in rows["gpreempt"]
     assert "service P99 ms" in rows["gpreempt"]
+
+
+def test_eager_gaps_unions_a_requests_gpu_spans_and_finds_its_idle_gaps() -> None:
+    gaps = _load("eager_gaps")
+    # kernels at 10-20 and 15-30 overlap, then idle 30-50 and 60-90, the last runs past the end
+    busy, idle, lead, tail = gaps.busy_and_gaps((0, 100), [(10, 20), (15, 30), (50, 60), (90, 120)])
+    assert (busy, idle, lead, tail) == (40, [20, 30], 10, 0)
+    assert gaps.busy_and_gaps((0, 5), [(10, 20)]) is None
+    found = gaps.summary([{"wall_us": 100.0}], [20.0, 30.0, 60.0, 90.0])
+    assert found["gap_us"]["max"] == 90.0 and found["gap_us"]["count"] == 4
+    assert found["idle_share_in_gaps_ge_50us"] == 150.0 / 200.0
