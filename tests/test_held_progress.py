@@ -117,3 +117,23 @@ def test_slow_requests_in_a_stretch_and_the_trainer_step_over_it(tmp_path: Path,
     assert _load().main([str(folder)]) == 0
     out = capsys.readouterr().out
     assert "in stretches 2" in out and "server active" not in out
+
+
+@pytest.mark.parametrize("layout", ["kept", "bench"])
+def test_the_gap_is_read_against_the_runs_own_idle_grace(tmp_path: Path, layout: str):
+    """The same 2 ms gap between two requests is no gap for a server whose run set its idle
+    grace to 5 ms (its results.json says so, for Case-A or for the whole run), in either
+    layout of a run's folder."""
+    run = tmp_path / ("r0-gpreempt" if layout == "kept" else "runs/r0/gpreempt")
+    _run(run, leak=True)
+    server = {"start": [10.000, 10.006], "end": [10.004, 10.020], "scheduled": [10.0, 10.006]}
+    (run / "case-a.json").write_text(json.dumps(server))
+    params = {"env": {"GPREEMPT_IDLE_GRACE_MS": "5"}} if layout == "kept" else {
+        "env": {}, "env_a": {"GPREEMPT_IDLE_GRACE_MS": "5"}}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps({"params": params}))
+    r = _load().summary(run)
+    assert r["idle_grace_ms"] == 5.0
+    assert r["steps_past_one_step"] == 2 and r["late_after_a_gap"] == 0
+    (tmp_path / "results.json").write_text(json.dumps({"params": {"env": {}}}))
+    r = _load().summary(run)
+    assert r["idle_grace_ms"] == 0.2 and r["late_after_a_gap"] == 1

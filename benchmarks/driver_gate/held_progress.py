@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpreempt.bench import daemon_events, scenario_metrics
-from gpreempt.config import DEFAULT_IDLE_GRACE_MS
+from gpreempt.config import DEFAULT_IDLE_GRACE_MS, ENV_GRACE_MS
 
 
 def _read(folder: Path, name: str, required: bool = True) -> Any:
@@ -82,15 +82,37 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
 
 
+def run_grace_ms(folder: Path) -> float:
+    """The server's idle grace in the bench run that ``folder`` is of: the
+    ``GPREEMPT_IDLE_GRACE_MS`` its ``results.json`` records for Case-A (``params.env_a``, else
+    ``params.env``), found beside ``folder`` (the layout ``run.sh`` keeps, ``rN-SCENARIO``) or
+    above ``runs/rN/SCENARIO`` (the bench's own); else the default."""
+    above = folder.resolve().parents
+    for results in [above[i] / "results.json" for i in (0, 2) if i < len(above)]:
+        if not results.is_file():
+            continue
+        try:
+            params = json.loads(results.read_text()).get("params", {})
+            env = {**params.get("env", {}), **params.get("env_a", {})}
+            return float(env.get(ENV_GRACE_MS, DEFAULT_IDLE_GRACE_MS))
+        except (ValueError, AttributeError):
+            break  # not a bench's results: the default
+    return DEFAULT_IDLE_GRACE_MS
+
+
 def late_after_a_gap(
-    ends: list[float], periods: list[tuple[float, float]], step_s: float, server: dict[str, Any]
+    ends: list[float],
+    periods: list[tuple[float, float]],
+    step_s: float,
+    server: dict[str, Any],
+    grace_ms: float = DEFAULT_IDLE_GRACE_MS,
 ) -> int:
     """Of the late steps (``daemon_events.late_steps_in``), those whose active period holds,
-    before the step completed, a gap between two requests longer than the idle grace: there
-    the server's words dropped and the trainer rightly ran, though the daemon's events, which
-    are coarser, show one period. Its requests are timed on the host, a little wider than its
-    words stay raised."""
-    grace = DEFAULT_IDLE_GRACE_MS / 1e3
+    before the step completed, a gap between two requests longer than the idle grace
+    (``grace_ms``, the run's): there the server's words dropped and the trainer rightly ran,
+    though the daemon's events, which are coarser, show one period. Its requests are timed on
+    the host, a little wider than its words stay raised."""
+    grace = grace_ms / 1e3
     pairs = zip(server["end"], server["start"][1:], strict=False)
     gaps = [(a, b) for a, b in pairs if b - a > grace]  # (one request's end, the next's start)
     gap_ends = [a for a, _ in gaps]
@@ -131,6 +153,7 @@ def summary(folder: Path) -> dict[str, Any]:
     if events is None:
         return result
     begin, end = server["start"][0], server["end"][-1]
+    grace_ms = run_grace_ms(folder)
     periods = daemon_events.active_periods(events, "case-a", end)
     ends = [t for t in every if begin <= t <= end]
     inside = daemon_events.late_steps(ends, periods, 0.0)  # every step inside a period
@@ -150,7 +173,8 @@ def summary(folder: Path) -> dict[str, Any]:
         "steps": len(ends),
         "steps_in_active": len(inside),
         "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
-        "late_after_a_gap": late_after_a_gap(ends, periods, step_s, server),
+        "idle_grace_ms": grace_ms,
+        "late_after_a_gap": late_after_a_gap(ends, periods, step_s, server, grace_ms),
         "reaction_ms": reaction_ms(events, begin, end),
         "queued_service_ms": {
             k: {"n": len(v), "p50": _q(v, 0.5), "p90": _q(v, 0.9)} for k, v in split.items()
@@ -185,7 +209,7 @@ def _print(r: dict[str, Any]) -> None:
             f"trainer steps completed: {r['steps']}, inside active periods "
             f"{r['steps_in_active']}, of them more than 1.5 steps into the period: "
             f"{r['steps_past_one_step']} ({r['late_after_a_gap']} after a gap between two "
-            "requests longer than the idle grace)"
+            f"requests longer than the idle grace, {r['idle_grace_ms']:g} ms)"
         )
         for k, v in r["queued_service_ms"].items():
             print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
