@@ -31,7 +31,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 GPREEMP
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 : "${OUT:?set OUT to an output directory}"
 : "${REPEATS:=3}"
-work=${WORK:-/tmp/gpreempt-defaults}  # the benches' own folders (WORK: another, for runs side by side)
+work=${WORK:-/tmp/gpreempt-defaults}  # the benches' own folders (WORK: another)
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 source benchmarks/deadline.sh

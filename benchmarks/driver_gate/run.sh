@@ -31,7 +31,7 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=fals
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
 : "${OUT:?set OUT to an output directory}"
 : "${REPEATS:=3}" "${REQUESTS:=1000}"
-work=${WORK:-/tmp/gpreempt-driver}  # the benches' own folders (WORK: another, for runs side by side)
+work=${WORK:-/tmp/gpreempt-driver}  # the benches' own folders (WORK: another)
 mkdir -p "$work" "$OUT"
 python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
