@@ -396,3 +396,20 @@ def test_calibrate_argv_asks_for_the_probe_only_with_a_load(tmp_path):
     assert "--calibrate-load" not in workloads.calibrate_argv(tmp_path / "c.json", 10)
     argv = workloads.calibrate_argv(tmp_path / "c.json", 10, 0.5)
     assert argv[argv.index("--calibrate-load") + 1] == "0.5"
+
+
+def test_a_slow_servers_calibration_probes_are_cut_to_their_span():
+    """A server of 10 ms a request at load 0.5 serves 20 requests in 0.4 s: a probe of 0.4 s
+    serves no more than those but no fewer than PROBE_LEAST; a fast server all it was given."""
+    import time
+
+    calls = [0]
+
+    def slow() -> None:
+        calls[0] += 1
+        time.sleep(0.01)
+
+    service = loops.calibrate_under_load(slow, [10.0] * 200, load=0.5, rounds=1, probe_s=0.4)
+    assert len(service) == calls[0] == loops.PROBE_LEAST
+    fast = loops.calibrate_under_load(lambda: None, [0.01] * 200, load=0.5, rounds=1)
+    assert len(fast) == 200
