@@ -70,3 +70,12 @@ def test_importing_gpreempt_loads_neither_torch_nor_nvml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_the_bench_harness_imports_neither_torch_nor_matplotlib() -> None:
+    """The bench's own process must hold no CUDA context: torch loads only in its children."""
+    code = (
+        "import sys, gpreempt.cli.bench, gpreempt.bench.runner, gpreempt.bench.workloads;"
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
+#: What a bench's results.json says of the GPU it ran on (of :func:`describe`'s fields).
+DEVICE_FIELDS = ("name", "driver", "cuda", "torch")
+
 _PROBE = r"""
 import json
 info = {"name": None, "driver": None, "cuda": None, "torch": None, "count": 0}

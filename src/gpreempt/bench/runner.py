@@ -188,7 +188,7 @@ def _trainers(config: BenchConfig) -> list[_Trainer]:
 def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    from .device import describe
+    from .device import DEVICE_FIELDS, describe
 
     device = describe(config.workloads.python) if config.probe_device else {}
     names = scenario_order(config.scenarios)
@@ -232,7 +232,7 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
             "load_check": load_check,
             "span_s": offsets[-1],
             "memory_plan": memory.as_dict() if memory else None,
-            "device": {k: device.get(k) for k in ("name", "driver", "cuda", "torch")},
+            "device": {k: device.get(k) for k in DEVICE_FIELDS},
         }
         harnesses = {
             t.label: Harness(
