@@ -21,6 +21,51 @@ def test_explicit_requests_take_precedence_over_automatic_activity() -> None:
         block.close()
 
 
+def test_a_scope_that_does_not_hint_adds_to_automatic_activity() -> None:
+    """A marker of a part of each request (generate) leaves the launches counting, before,
+    during and after its scopes, until a scope that hints (request()) is used."""
+    block = ControlBlock.create()
+    try:
+        block.set_requests(1, hint=False)
+        block.set_requests(0)
+        assert not block.hinted
+        block.set_auto_active(True)
+        assert block.is_active()  # its launches still count
+        block.set_requests(1)
+        block.set_requests(0)
+        assert block.hinted and not block.is_active()
+    finally:
+        block.close()
+
+
+def test_a_hinting_scope_inside_one_that_does_not_still_hints() -> None:
+    """request() entered while a generate call's mark is open: the count stays raised, and
+    from then on the process's requests alone count."""
+    import threading
+    import types
+
+    from gpreempt.client.linger import Linger
+    from gpreempt.client.session import Session
+
+    block = ControlBlock.create()
+    lock = threading.Lock()
+    current = types.SimpleNamespace(
+        _lock=lock, _requests=0, control=block, warm_requests=False, gate=None,
+        linger=Linger(0.0, lambda: block.set_requests(0), lock),
+    )  # fmt: skip
+    try:
+        Session.enter_request(current, hint=False)  # type: ignore[arg-type]
+        assert block.is_active() and not block.hinted
+        Session.enter_request(current)  # type: ignore[arg-type]
+        assert block.hinted and current._requests == 2
+        Session.exit_request(current)  # type: ignore[arg-type]
+        Session.exit_request(current)  # type: ignore[arg-type]
+        block.set_auto_active(True)
+        assert not block.is_active()
+    finally:
+        block.close()
+
+
 def test_a_watch_view_is_read_only_and_follows_the_activity_rule() -> None:
     import mmap
     import os

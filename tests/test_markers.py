@@ -31,9 +31,9 @@ class FakeSession:
         self.open = 0
         self.log: list[str] = []
 
-    def enter_request(self) -> None:
+    def enter_request(self, hint: bool = True) -> None:
         self.open += 1
-        self.log.append("enter")
+        self.log.append("enter" if hint else "enter, adding to its launches")
 
     def exit_request(self) -> None:
         self.open -= 1
@@ -494,7 +494,8 @@ def test_a_generate_call_is_one_request(fake: FakeSession) -> None:
     generate.patch_generation(module)  # armed twice: wrapped once
     model = module.GenerationMixin()
     assert model.generate("hi", log=fake.log) == "hi!"
-    assert fake.log == ["enter", "decoding", "exit"]
+    # a part of a request (its copies come before and after): the launches still count
+    assert fake.log == ["enter, adding to its launches", "decoding", "exit"]
     assert fake.control.marker == "generate"
     with pytest.raises(RuntimeError):
         model.generate("hi", fail=True)

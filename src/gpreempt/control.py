@@ -36,8 +36,8 @@ offset  type   meaning
 40      u32    window: in-flight bound the gate uses (client, statistics)
 44      u32    gate_installed: 1 once an in-process gate watches launches, or stream
                barriers alone hold the process's queued work (client)
-48      u32    hinted: 1 once the process used ``request()``; from then on its
-               explicit requests alone say when it is active (client)
+48      u32    hinted: 1 once the process used ``request()`` or a marker of whole
+               requests; from then on its requests alone say when it is active (client)
 52      u32    window_share_us: GPU time (us) the gate may keep in flight while
                tight, this task's share of its GPU's budget; while it is set the
                gate stays tight; 0 = no limit from the daemon (daemon)

@@ -214,7 +214,8 @@ class ControlBlock:
 
     @property
     def hinted(self) -> bool:
-        """The process has used ``request()``: its requests alone say when it is active."""
+        """The process has used ``request()`` (or a marker of whole requests): its requests
+        alone say when it is active."""
         return self._get32(OFF_HINTED) != 0
 
     @property
@@ -292,9 +293,12 @@ class ControlBlock:
     def gate_closed(self) -> bool:
         return self._get32(OFF_GATE_CLOSED) != 0
 
-    def set_requests(self, count: int) -> None:
-        """Publish the number of open request() scopes and ring the doorbell (client)."""
-        if count:
+    def set_requests(self, count: int, hint: bool = True) -> None:
+        """Publish the number of open request scopes and ring the doorbell (client). A scope
+        that ``hint``s (``request()``, a marker of whole requests) says that from now on the
+        process's requests alone tell when it is active; one that does not (a marker of a
+        part of each request: ``generate``) adds to what its launches tell."""
+        if count and hint:
             self._set32(OFF_HINTED, 1)
         self._set_activity_word(OFF_REQUESTS, count)
         self.ring()

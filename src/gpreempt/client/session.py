@@ -233,12 +233,13 @@ class Session:
             for block in old:
                 block.close()  # the descriptors; the views are retired above
 
-    def enter_request(self) -> None:
+    def enter_request(self, hint: bool = True) -> None:
+        """One more open request scope; ``hint``: see :meth:`ControlBlock.set_requests`."""
         with self._lock:
             self._requests += 1
             raised = self._requests == 1 and not self.linger.cancel()
-            if raised:
-                self.control.set_requests(1)
+            if raised or (hint and not self.control.hinted):
+                self.control.set_requests(1, hint)
         if raised and self.warm_requests and self.gate is not None:
             self.gate.warm()
 

@@ -62,10 +62,13 @@ class Mark:
 
     __slots__ = ("_session", "_open", "_lock")
 
-    def __init__(self, current: session.Session) -> None:
+    def __init__(self, current: session.Session, whole: bool = True) -> None:
+        """``whole``: the mark covers a whole request (an HTTP request, an RPC), so the
+        process's marks alone say when it is active from now on; else (a ``generate`` call,
+        with copies of its own before and after it) the mark adds to its launches."""
         self._session = current
         self._lock = threading.Lock()
-        current.enter_request()
+        current.enter_request(hint=whole)
         self._open = True
 
     def close(self) -> None:
