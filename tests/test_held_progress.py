@@ -137,3 +137,14 @@ def test_the_gap_is_read_against_the_runs_own_idle_grace(tmp_path: Path, layout:
     (tmp_path / "results.json").write_text(json.dumps({"params": {"env": {}}}))
     r = _load().summary(run)
     assert r["idle_grace_ms"] == 0.2 and r["late_after_a_gap"] == 1
+
+
+def test_a_run_that_does_not_say_its_grace_is_read_against_the_one_given(tmp_path, capsys):
+    """A bench older than params.env_a: --grace-ms says the grace its server ran with."""
+    _run(tmp_path / "r0-gpreempt", leak=True)
+    server = {"start": [10.000, 10.006], "end": [10.004, 10.020], "scheduled": [10.0, 10.006]}
+    (tmp_path / "r0-gpreempt" / "case-a.json").write_text(json.dumps(server))
+    (tmp_path / "results.json").write_text(json.dumps({"params": {"env": {}}}))
+    assert _load().main(["--json", "--grace-ms", "5", str(tmp_path / "r0-gpreempt")]) == 0
+    (r,) = json.loads(capsys.readouterr().out).values()
+    assert r["idle_grace_ms"] == 5.0 and r["late_after_a_gap"] == 0

@@ -20,7 +20,7 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 
 Without ``events.jsonl`` (a run kept without it) only the last part is printed.
 
-    python3 benchmarks/driver_gate/held_progress.py [--json] RUN_FOLDER [RUN_FOLDER ...]
+    python3 benchmarks/driver_gate/held_progress.py [--json] [--grace-ms MS] RUN_FOLDER...
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
 
 
-def run_grace_ms(folder: Path) -> float:
+def run_grace_ms(folder: Path, default: float = DEFAULT_IDLE_GRACE_MS) -> float:
     """The server's idle grace in the bench run that ``folder`` is of: the
     ``GPREEMPT_IDLE_GRACE_MS`` its ``results.json`` records for Case-A (``params.env_a``, else
     ``params.env``), found beside ``folder`` (the layout ``run.sh`` keeps, ``rN-SCENARIO``) or
-    above ``runs/rN/SCENARIO`` (the bench's own); else the default."""
+    above ``runs/rN/SCENARIO`` (the bench's own); else ``default`` (a bench older than
+    ``params.env_a`` recorded no ``--env-a``)."""
     above = folder.resolve().parents
     for results in [above[i] / "results.json" for i in (0, 2) if i < len(above)]:
         if not results.is_file():
@@ -94,10 +95,10 @@ def run_grace_ms(folder: Path) -> float:
         try:
             params = json.loads(results.read_text()).get("params", {})
             env = {**params.get("env", {}), **params.get("env_a", {})}
-            return float(env.get(ENV_GRACE_MS, DEFAULT_IDLE_GRACE_MS))
+            return float(env.get(ENV_GRACE_MS, default))
         except (ValueError, AttributeError):
             break  # not a bench's results: the default
-    return DEFAULT_IDLE_GRACE_MS
+    return default
 
 
 def late_after_a_gap(
@@ -141,9 +142,10 @@ def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[
     return {"p50": _q(lags, 0.5), "max": max(lags, default=float("nan")), "n": len(lags)}
 
 
-def summary(folder: Path) -> dict[str, Any]:
+def summary(folder: Path, grace_ms: float | None = None) -> dict[str, Any]:
     """The figures printed by :func:`main`, as a dict (``None`` for those that need the
-    daemon's events where the folder has none)."""
+    daemon's events where the folder has none); ``grace_ms``: the server's idle grace where
+    the run's ``results.json`` does not say it (:func:`run_grace_ms`)."""
     server, trainer = _read(folder, "case-a.json"), _read(folder, "case-b-0.json")
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
@@ -153,7 +155,7 @@ def summary(folder: Path) -> dict[str, Any]:
     if events is None:
         return result
     begin, end = server["start"][0], server["end"][-1]
-    grace_ms = run_grace_ms(folder)
+    grace_ms = run_grace_ms(folder, DEFAULT_IDLE_GRACE_MS if grace_ms is None else grace_ms)
     periods = daemon_events.active_periods(events, "case-a", end)
     ends = [t for t in every if begin <= t <= end]
     inside = daemon_events.late_steps(ends, periods, 0.0)  # every step inside a period
@@ -188,8 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         "folders", type=Path, nargs="+", help="runs/rN/SCENARIO folders of gpreempt bench"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument(
+        "--grace-ms",
+        type=float,
+        help="the server's idle grace (ms) where a run's results.json does not say it "
+        f"(default {DEFAULT_IDLE_GRACE_MS})",
+    )
     args = parser.parse_args(argv)
-    summaries = {str(folder): summary(folder) for folder in args.folders}
+    summaries = {str(folder): summary(folder, args.grace_ms) for folder in args.folders}
     if args.json:
         print(json.dumps(summaries, indent=1))
         return 0
