@@ -29,11 +29,12 @@ def test_low_thread_waits_while_high_request_is_open(native) -> None:
     windows: list[tuple[int, int]] = []
     x = torch.zeros(64)
 
-    def low_step() -> None:
+    def low_step() -> bool:
         nonlocal x
         x = x + 1  # an operator: gated
         progress["low"] += 1
         time.sleep(0.001)
+        return len(windows) < 2  # both requests seen: the run ends
 
     def high_call() -> bool:
         time.sleep(0.2)
