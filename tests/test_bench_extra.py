@@ -413,3 +413,12 @@ def test_a_slow_servers_calibration_probes_are_cut_to_their_span():
     assert len(service) == calls[0] == loops.PROBE_LEAST
     fast = loops.calibrate_under_load(lambda: None, [0.01] * 200, load=0.5, rounds=1)
     assert len(fast) == 200
+
+
+def test_the_device_probe_gives_every_field_results_json_keeps() -> None:
+    """results.json says of the GPU its name, driver, CUDA and PyTorch versions: the probe,
+    run in a child as the bench runs it, gives each of them (None where there is none)."""
+    from gpreempt.bench.device import DEVICE_FIELDS, describe
+
+    assert DEVICE_FIELDS == ("name", "driver", "cuda", "torch")
+    assert set(DEVICE_FIELDS) <= set(describe())
