@@ -22,8 +22,8 @@
 # Every bench cell runs 1000 requests of Case-A at load 0.5 (unless named), 3 repeats
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
-# GENERATE_REQUESTS requests, default 400, the other servers cells SERVER_REQUESTS, default
-# 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py prints it); a table is
+# GENERATE_REQUESTS requests, default 400, its scenarios GENERATE_SCENARIOS, the other servers
+# cells SERVER_REQUESTS, default 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py prints it); a table is
 # printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json. DEADLINE_S
 # (seconds from the start, unset: none) stops a bench in time: it keeps the repeats it finished.
 set -u
@@ -124,7 +124,7 @@ for group in "$@"; do
           generate) GPREEMPT_BENCH_NEW_TOKENS=${NEW_TOKENS:-8} cell servers-generate 1500 \
               --repeats "$REPEATS" --requests "${GENERATE_REQUESTS:-400}" \
               --case-a-fn gpreempt.bench.servers:gpt2_generate --case-b transformer-sync \
-              --scenarios gpreempt,gpreempt-no-request ;;
+              --scenarios "${GENERATE_SCENARIOS:-gpreempt,gpreempt-no-request}" ;;
           *) echo "unknown server cell $server"; exit 2 ;;
         esac
       done ;;
