@@ -148,3 +148,20 @@ def test_an_unbound_gate_keeps_its_hook_beside_the_driver_level_gate(control):
     time.sleep(0.05)
     assert not gate.stats()["asleep"]
     assert _launches_seen(gate, torch.ones(4)) >= 20
+
+
+def test_a_server_whose_launches_count_sleeps_only_inside_a_marked_scope(control):
+    """A marker of a part of each request (generate) does not hint: outside its scopes the
+    server's launches tell its activity, inside one the process is active anyway, so the hook
+    sleeps there even though the daemon gives no leave (a trainer below needs its activity)."""
+    gate = install_gate(control, resolve_config(bound=False, auto_activity=True))
+    x = torch.ones(4)
+    time.sleep(0.05)
+    assert not gate.stats()["asleep"]
+    control.set_requests(1, hint=False)  # a generate call starts
+    assert _until(lambda: gate.stats()["asleep"], 0.5)
+    assert _launches_seen(gate, x) == 0
+    control.set_requests(0, hint=False)  # it returned: the answer's copy must be seen
+    assert _until(lambda: not gate.stats()["asleep"], 0.5)
+    assert _launches_seen(gate, x) >= 20
+    assert not control.hinted

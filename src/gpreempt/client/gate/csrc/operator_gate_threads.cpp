@@ -93,6 +93,9 @@ namespace {
 // or not at all without barriers), rarely while awake.
 constexpr int64_t kAsleepPollNs = 200 * 1000;
 constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
+// Awake in a process whose launches tell its activity (a server without request()): it may
+// sleep through each scope a marker opens, so it looks more often.
+constexpr int64_t kAwakeActivityPollNs = 1000 * 1000;
 // Asleep with stream barriers (see asleep_barrier): the expected wait of a starting request
 // is taken over about this many of the last spans between two barriers.
 constexpr double kAsleepDrainSpans = 50.0;
@@ -131,10 +134,13 @@ bool may_sleep(GateState* g) {
            !g_task_gates.load(std::memory_order_relaxed);
   }
   // a gate that detects its process's activity for others keeps its hook, unless the process
-  // says when it is active with request() (hinted): then its launches no longer count
+  // says when it is active with request() (hinted): then its launches no longer count. While a
+  // marker of a part of a request (generate) holds a scope open, the process is active anyway:
+  // the hook may sleep through it without the daemon's word, and wakes when the scope closes
   const bool activity_unneeded =
       g->cfg.bound || !g->cfg.auto_activity || load32(g->ctl, kOffHinted) != 0;
-  return activity_unneeded && load32(g->ctl, kOffSleepOk) != 0 &&
+  const bool in_marked_scope = !activity_unneeded && load32(g->ctl, kOffRequests) != 0;
+  return (in_marked_scope || (activity_unneeded && load32(g->ctl, kOffSleepOk) != 0)) &&
          load32(g->ctl, kOffGateClosed) == 0 &&
          !watched_active(g->watch.load(std::memory_order_acquire)) &&
          g->captures.load(std::memory_order_relaxed) == 0 &&
@@ -248,7 +254,8 @@ void sleep_loop(GateState* g, at::CallbackHandle handle) {
   bool device_set = false;
   while (!g->uninstalled.load()) {
     const bool asleep = g->asleep.load();
-    sleep_ns(asleep ? kAsleepPollNs : kAwakePollNs);
+    const bool tells_activity = !g->cfg.bound && g->cfg.auto_activity;
+    sleep_ns(asleep ? kAsleepPollNs : tells_activity ? kAwakeActivityPollNs : kAwakePollNs);
     if (g->uninstalled.load()) {
       break;
     }
