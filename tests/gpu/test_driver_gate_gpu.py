@@ -34,6 +34,12 @@ def _progress(path: Path) -> int:
         return 0
 
 
+def _stands_still(path: Path, seconds: float = 0.2) -> bool:
+    before = _progress(path)
+    time.sleep(seconds)
+    return _progress(path) == before
+
+
 def _task(runtime_dir: Path, name: str) -> dict:
     reply = gpreempt(runtime_dir, "status", "--json")
     assert reply.returncode == 0, reply.stderr
@@ -134,12 +140,14 @@ def test_a_profiler_in_a_gated_process_gets_its_profile(daemon, runtime_dir):
     print("driver gate after the profile:", state)
 
 
-def _beside_an_idle_server(runtime_dir: Path, progress: Path, kernel_loop: Path, mode: str):
+def _beside_an_idle_server(
+    runtime_dir: Path, progress: Path, kernel_loop: Path, mode: str, seconds: float = 60
+):
     idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
     server = spawn(runtime_dir, "run", *idle)
     trainer = spawn(
         runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
-        str(kernel_loop), str(progress), mode, "60",
+        str(kernel_loop), str(progress), mode, str(seconds),
     )  # fmt: skip
     return server, trainer
 
@@ -161,6 +169,29 @@ def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
         then = gate()
         assert then["driver_asleep"], then
         assert then["driver_barriers"] > first["driver_barriers"] + 200, (first, then)
+    finally:
+        stop_all(*reversed(procs))
+
+
+def test_an_asleep_gate_puts_no_barrier_while_its_program_launches_nothing(
+    daemon, runtime_dir, tmp_path, kernel_loop
+):
+    """A barrier on a stream with nothing queued would hold nothing, and each costs the other
+    processes on the GPU a switch to this one: asleep, the thread puts none while the program
+    is alive but idle."""
+    progress = tmp_path / "progress"
+    procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "idle", seconds=5)
+    try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
+        assert wait_for(lambda: gate()["driver_asleep"], 10), gate()
+        busy = gate()["driver_barriers"]
+        time.sleep(0.3)
+        assert gate()["driver_barriers"] > busy + 100, gate()  # its loop keeps work queued
+        assert wait_for(lambda: _stands_still(progress), 10, 0), "the loop did not end"
+        idle = gate()
+        time.sleep(0.5)
+        assert gate()["driver_barriers"] == idle["driver_barriers"], (idle, gate())
     finally:
         stop_all(*reversed(procs))
 

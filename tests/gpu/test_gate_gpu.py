@@ -367,9 +367,10 @@ def test_stream_barriers_only_while_a_more_important_task_is_registered(control)
 
 def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behind(control):
     """Asleep (its operator hook off), a gate whose task a more important one may preempt still
-    puts stream barriers from its sleep thread: work queued while asleep is held on the GPU the
-    moment a watched task becomes active. Work that takes the GPU longer than the barriers'
-    bound wakes the gate (backlog_wakes), which stays awake while the daemon still allows sleep."""
+    puts stream barriers from its sleep thread where work is queued: that work is held on the
+    GPU the moment a watched task becomes active. Work that takes the GPU longer than the
+    barriers' bound wakes the gate (backlog_wakes), which stays awake while the daemon still
+    allows sleep."""
     high = ControlBlock.create()
     high.keep_mapped()
     try:
@@ -382,7 +383,7 @@ def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behin
         torch.cuda.synchronize()
         control.set_sleep_ok(True)
         assert wait_for(lambda: gate.stats()["asleep"], 2.0, 0.001)
-        # a process whose GPU keeps up: asleep, barriers put by the thread, no operator seen
+        # a process whose GPU keeps up: asleep, no operator seen, no backlog
         a = torch.randn(256, 256, device="cuda")
         launches = gate.stats()["launches"]
         for _ in range(40):
@@ -391,11 +392,17 @@ def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behin
         torch.cuda.synchronize()
         stats = gate.stats()
         assert stats["asleep"] and stats["launches"] == launches, stats
-        assert stats["asleep_barriers"] > 0 and stats["backlog_wakes"] == 0, stats
+        assert stats["backlog_wakes"] == 0, stats
+        # an idle stream gets no barrier: there is nothing to hold, and each would cost the
+        # other processes on the GPU a switch to this one
+        idle_from = stats["asleep_barriers"]
+        time.sleep(0.05)
+        assert gate.stats()["asleep_barriers"] == idle_from, gate.stats()
         # work queued while asleep is held at the thread's next barrier behind it the moment a
         # watched task becomes active
         out = _matmuls(12, size=4096)
         time.sleep(0.005)  # the thread puts barriers behind it
+        assert gate.stats()["asleep_barriers"] > idle_from, gate.stats()
         high.set_requests(1)  # while the GPU is still on that work
         done = torch.cuda.Event()
         done.record()  # not an operator: nothing the woken hook could put a barrier before

@@ -4,7 +4,8 @@
 //   kernel_loop PROGRESS_FILE MODE SECONDS
 // MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
 // threads, each its own stream), graph (a captured graph of 16 kernels, replayed), deep (one
-// stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead).
+// stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead), idle (default, then
+// as long again alive without launching, as a trainer waiting on its input).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -69,6 +70,9 @@ int main(int argc, char** argv) {
   };
   if (mode == "default") {
     loop_on(0);
+  } else if (mode == "idle") {
+    loop_on(0);
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   } else if (mode == "deep") {
     cudaStream_t s;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");

@@ -160,6 +160,7 @@ Gate& gate();
   X(cuMemHostRegister)                                                                 \
   X(cuStreamBatchMemOp)                                                                \
   X(cuStreamIsCapturing)                                                               \
+  X(cuStreamQuery)                                                                     \
   X(cuStreamWaitValue32)                                                               \
   X(cuStreamWaitValue64)                                                               \
   X(cuThreadExchangeStreamCaptureMode)
