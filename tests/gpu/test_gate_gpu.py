@@ -395,7 +395,8 @@ def test_an_asleep_gate_keeps_stream_barriers_and_wakes_when_its_gpu_falls_behin
         assert stats["backlog_wakes"] == 0, stats
         # an idle stream gets no barrier: there is nothing to hold, and each would cost the
         # other processes on the GPU a switch to this one
-        idle_from = stats["asleep_barriers"]
+        time.sleep(0.01)  # a barrier the thread was putting as the stream drained
+        idle_from = gate.stats()["asleep_barriers"]
         time.sleep(0.05)
         assert gate.stats()["asleep_barriers"] == idle_from, gate.stats()
         # work queued while asleep is held at the thread's next barrier behind it the moment a
