@@ -14,3 +14,16 @@ def test_control_gets_the_frameworks_settings_of_a_low_task_and_ungated_nothing(
     assert control["XLA_FLAGS"] == "--xla_gpu_autotune_level=2 --xla_gpu_enable_command_buffer="
     assert control["PATH"] == "/usr/bin"
     assert overhead.plain_env("ungated", env) == env
+
+
+def test_each_turn_knows_its_place_in_its_round_and_the_copy_before_it() -> None:
+    overhead = load_script("benchmarks/driver_gate/overhead.py")
+    records = [
+        {"config": "ungated", "turn": "0:1.5", "steps": 3},
+        {"config": "defaults", "turn": "0:1.5", "steps": 4},
+        {"config": "defaults", "turn": "1:1.5", "steps": 5},
+    ]
+    orders = [["ungated", "defaults"], ["defaults", "ungated"]]
+    out = overhead.placed(records, orders)
+    assert [(r["place"], r["after"]) for r in out] == [(0, ""), (1, "ungated"), (0, "")]
+    assert out[1]["steps"] == 4 and "place" not in records[0]

@@ -9,7 +9,8 @@ the GPU (one runs while the others wait idle), in rounds whose order is shuffled
   nothing for the other kinds): its ratio would be 1 but for those settings, what tells the
   processes apart beside gpreempt (where their memory lies) and the rounds' noise; read the
   others against its spread. The copies start in an order shuffled per kind (each turn
-  records its copy's place, ``started``), each in a session of its own;
+  records its copy's place, ``started``, and its place in its round, ``place``, behind the
+  configuration ``after``), each in a session of its own;
 * ``defaults``: ``gpreempt run --priority low`` beside an idle, more important task registered
   on the same GPU (``gpreempt run --priority high -- sleep``): the daemon lets its gate sleep
   after a second;
@@ -139,19 +140,36 @@ def measure_kind(
             start(config)
         turns.wait_started(list(outs.values()), procs)
         time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
+        orders: list[list[str]] = []
         for r in range(rounds):
             order = list(configs)
             random.shuffle(order)
+            orders.append(order)
             for config in order:
                 turns.give_turn(turn, ids[config], f"{r}:{turn_s}", outs[config], turn_s * 10 + 60)
             print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        return [
-            {"kind": kind, "config": config, "started": started.index(config), **x}
-            for config in configs
-            for x in turns.read_lines(outs[config])
-        ]
+        return placed(
+            [
+                {"kind": kind, "config": config, "started": started.index(config), **x}
+                for config in configs
+                for x in turns.read_lines(outs[config])
+            ],
+            orders,
+        )
     finally:
         turns.stop_all(turn, procs)
+
+
+def placed(records: list[dict], orders: list[list[str]]) -> list[dict]:
+    """``records`` with each turn's ``place`` in its round's order and the configuration that
+    ran just ``after`` which ("" for the first): what a copy leaves on the GPU, or does while
+    it waits, may fall on the copy that follows it."""
+    out = []
+    for record in records:
+        order = orders[int(str(record["turn"]).split(":")[0])]
+        place = order.index(record["config"])
+        out.append({**record, "place": place, "after": order[place - 1] if place else ""})
+    return out
 
 
 def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
