@@ -10,8 +10,9 @@
 // milliseconds every half second (discover_streams) to see them.
 //
 // A stream with nothing queued gets no barrier: the GPU would pass it at once, holding nothing,
-// and each one costs every other process on the GPU a switch to this one (an idle process
-// putting one every millisecond slowed a GEMM loop of another by about 6 %).
+// and each one costs every other process on the GPU a switch to this one (docs/results.md,
+// "What the defaults cost a trainer nobody preempts": a suspect in what GEMM loops beside an
+// idle gated process lost).
 //
 // A barrier must never land in a graph being captured: the capture calls keep their callbacks
 // while asleep and count captures under way, a capture start waits for a barrier being put
