@@ -23,8 +23,9 @@
 # (REPEATS; 1 for grace and 2 for eager-grace, whose GRACES choose the graces; 6 for light6
 # and light6-no-request; EAGER_SCENARIOS chooses eager's; servers-generate runs
 # GENERATE_REQUESTS requests, default 400, its scenarios GENERATE_SCENARIOS, the other servers
-# cells SERVER_REQUESTS, default 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py prints it); a table is
-# printed. Each cell's Case-B gate counters go to $OUT/<cell>/gate_counters.json. DEADLINE_S
+# cells SERVER_REQUESTS, default 1000). Each cell's results.json goes to $OUT/<cell>/ (table.py
+# prints it); a table is printed. Each cell's Case-B gate counters go to
+# $OUT/<cell>/gate_counters.json. DEADLINE_S
 # (seconds from the start, unset: none) stops a bench in time: it keeps the repeats it finished.
 set -u
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 GPREEMPT_CACHE_DIR=/tmp/gpreempt-cache

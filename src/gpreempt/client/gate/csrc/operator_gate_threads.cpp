@@ -128,20 +128,24 @@ bool driver_holds(GateState* g) {
   return g->cfg.bound && load32(g->ctl, kOffDriverGate) == kDriverOn;
 }
 
+// Whether the process's launches tell others when it is active: a gate that detects activity,
+// in a process that has not said it with request() or a marker of whole requests (hinted).
+bool tells_activity(GateState* g) {
+  return !g->cfg.bound && g->cfg.auto_activity && load32(g->ctl, kOffHinted) == 0;
+}
+
 bool may_sleep(GateState* g) {
   if (driver_holds(g)) {
     return g->captures.load(std::memory_order_relaxed) == 0 &&
            !g_task_gates.load(std::memory_order_relaxed);
   }
-  // a gate that detects its process's activity for others keeps its hook, unless the process
-  // says when it is active with request() (hinted): then its launches no longer count. While a
-  // marker of a part of a request (generate) holds a scope open, the process is active anyway:
-  // the hook may sleep through it without the daemon's word, and wakes when the scope closes
-  const bool activity_unneeded =
-      g->cfg.bound || !g->cfg.auto_activity || load32(g->ctl, kOffHinted) != 0;
-  const bool in_marked_scope = !activity_unneeded && load32(g->ctl, kOffRequests) != 0;
-  return (in_marked_scope || (activity_unneeded && load32(g->ctl, kOffSleepOk) != 0)) &&
-         load32(g->ctl, kOffGateClosed) == 0 &&
+  // a gate whose launches tell its activity keeps its hook but while a marker of a part of a
+  // request (generate) holds a scope open: the process is active anyway, so the hook sleeps
+  // through it without the daemon's word and wakes when the scope closes. Any other gate
+  // sleeps while the daemon allows it.
+  const bool allowed = tells_activity(g) ? load32(g->ctl, kOffRequests) != 0
+                                         : load32(g->ctl, kOffSleepOk) != 0;
+  return allowed && load32(g->ctl, kOffGateClosed) == 0 &&
          !watched_active(g->watch.load(std::memory_order_acquire)) &&
          g->captures.load(std::memory_order_relaxed) == 0 &&
          !g_task_gates.load(std::memory_order_relaxed) &&
@@ -259,8 +263,7 @@ void sleep_loop(GateState* g, at::CallbackHandle handle) {
   bool device_set = false;
   while (!g->uninstalled.load()) {
     const bool asleep = g->asleep.load();
-    const bool tells_activity = !g->cfg.bound && g->cfg.auto_activity;
-    sleep_ns(asleep ? kAsleepPollNs : tells_activity ? kAwakeActivityPollNs : kAwakePollNs);
+    sleep_ns(asleep ? kAsleepPollNs : tells_activity(g) ? kAwakeActivityPollNs : kAwakePollNs);
     if (g->uninstalled.load()) {
       break;
     }
