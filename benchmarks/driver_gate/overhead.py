@@ -231,12 +231,18 @@ def main() -> int:
                 turns += measure_kind(kind, args.rounds, args.turn_s, Path(tmp), variants)
             except RuntimeError as exc:
                 print(f"overhead: {exc}", file=sys.stderr)
-    Path(args.out).write_text(
-        json.dumps(
-            {"rounds": args.rounds, "turn_s": args.turn_s, "variants": variants, "turns": turns},
-            indent=1,
-        )
-    )
+            # written after each kind: a run cut short keeps the kinds it finished
+            Path(args.out).write_text(
+                json.dumps(
+                    {
+                        "rounds": args.rounds,
+                        "turn_s": args.turn_s,
+                        "variants": variants,
+                        "turns": turns,
+                    },
+                    indent=1,
+                )
+            )
     print_table(turns, args.kinds.split(","), variants)
     return 0
 
