@@ -45,9 +45,6 @@ def test_settings_follow_priority_and_mechanism() -> None:
         # bounds the work in flight as it does the operator gate's open window
         ("GPREEMPT_GATE_OPEN_WINDOW_MS", "GPREEMPT_DRIVER_WINDOW_MS", "25", "2.5", "2.5", "-1",
          "='-1' must be >= 0"),
-        # counts every launch at its stream's average, as the operator gate counts operators
-        ("GPREEMPT_GATE_OP_COSTS", "GPREEMPT_DRIVER_FN_COSTS", "1", "off", "0", "some",
-         "='some' is not a switch"),
     ],
 )  # fmt: skip
 def test_the_gate_variables_the_user_set_reach_the_driver_level_gate(

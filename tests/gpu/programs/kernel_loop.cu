@@ -5,9 +5,7 @@
 // MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
 // threads, each its own stream), graph (a captured graph of 16 kernels, replayed), deep (one
 // stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead), idle (default, then
-// as long again alive without launching, as a trainer waiting on its input), mixed (default
-// stream, cycles of one long kernel of about 0.35 ms and 15 of a few microseconds, as a compiled
-// step mixes GEMMs with fused pointwise kernels).
+// as long again alive without launching, as a trainer waiting on its input).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -72,14 +70,6 @@ int main(int argc, char** argv) {
   };
   if (mode == "default") {
     loop_on(0);
-  } else if (mode == "mixed") {
-    for (int i = 0; running(); ++i) {
-      bump<<<1, 32>>>(device, i % 16 == 0 ? 12 * spin : 0);
-      if (i % 64 == 63) {
-        check(cudaStreamSynchronize(0), "sync");
-      }
-    }
-    check(cudaStreamSynchronize(0), "sync");
   } else if (mode == "idle") {
     loop_on(0);
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, env_switch, idle_grace_ms
-from .config import ENV_BARRIER_MS, ENV_OP_COSTS, ENV_OPEN_WINDOW_MS, RUN_BARRIER_MS
+from ...config import DEFAULT_BOUND_IDLE_GRACE_MS, env_number, idle_grace_ms
+from .config import ENV_BARRIER_MS, ENV_OPEN_WINDOW_MS, RUN_BARRIER_MS
 
 #: The variable the CUDA driver reads at cuInit.
 ENV_INJECTION = "CUDA_INJECTION64_PATH"
@@ -51,8 +51,6 @@ class DriverConfig:
     barrier_us: float = BARRIER_US
     window_ms: float = WINDOW_MS
     idle_grace_ms: float = DEFAULT_BOUND_IDLE_GRACE_MS
-    #: barriers spaced by each kernel's own timed GPU time, not the stream's average per launch
-    fn_costs: bool = True
 
     def environment(self) -> dict[str, str]:
         """The variables the C++ side reads where it opens its own channel."""
@@ -62,7 +60,6 @@ class DriverConfig:
             "GPREEMPT_DRIVER_BARRIER_US": f"{self.barrier_us:g}",
             "GPREEMPT_DRIVER_WINDOW_MS": f"{self.window_ms:g}",
             "GPREEMPT_DRIVER_GRACE_MS": f"{self.idle_grace_ms:g}",
-            "GPREEMPT_DRIVER_FN_COSTS": "1" if self.fn_costs else "0",
         }
 
 
@@ -70,24 +67,20 @@ def driver_config_for(priority: int, closes_gate: bool) -> DriverConfig:
     """The settings for a task of this priority whose mechanism does (or not) stop it by its
     gate: tasks below ``high`` hold a bounded queue behind barriers; every task tells its
     activity from its launches. ``GPREEMPT_GATE_BARRIER_MS`` spaces the barriers as it does the
-    operator gate's (0: none), ``GPREEMPT_GATE_OPEN_WINDOW_MS`` bounds the work in flight per
-    stream as it does the operator gate's open window, and ``GPREEMPT_GATE_OP_COSTS=0`` counts
-    every launch at its stream's average GPU time, as it counts every operator so in the
-    operator gate; UsageError, naming the variable, for a value that is no number >= 0 (or no
-    switch)."""
+    operator gate's (0: none), and ``GPREEMPT_GATE_OPEN_WINDOW_MS`` bounds the work in flight
+    per stream as it does the operator gate's open window; UsageError, naming the variable,
+    for a value that is no number >= 0."""
     from ...priority import NAMED
 
     bound = closes_gate and priority < NAMED["high"]
     barrier_ms = env_number(ENV_BARRIER_MS, float, 0, "ms")
     window_ms = env_number(ENV_OPEN_WINDOW_MS, float, 0, "ms")
-    fn_costs = env_switch(ENV_OP_COSTS)
     return DriverConfig(
         bound=bound,
         auto_activity=True,
         barrier_us=BARRIER_US if barrier_ms is None else barrier_ms * 1000.0,
         window_ms=WINDOW_MS if window_ms is None else window_ms,
         idle_grace_ms=idle_grace_ms(bound),
-        fn_costs=fn_costs is not False,
     )
 
 
@@ -134,7 +127,7 @@ def library() -> Any:
             lib = ctypes.CDLL(path)
             lib.gpreempt_driver_adopt.argtypes = [
                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int,
+                ctypes.c_double, ctypes.c_double, ctypes.c_double,
             ]  # fmt: skip
             lib.gpreempt_driver_set_watch.argtypes = [
                 ctypes.POINTER(ctypes.c_size_t),
@@ -163,7 +156,6 @@ def adopt(memfd: int, doorbell: int, config: DriverConfig, *, torch_gate: bool) 
         config.barrier_us,
         config.window_ms,
         config.idle_grace_ms,
-        int(config.fn_costs),
     )
     return bool(taken)
 

@@ -254,7 +254,6 @@ Config config_from_environment() {
   c.barrier_us = env_double("GPREEMPT_DRIVER_BARRIER_US", c.barrier_us);
   c.window_ms = env_double("GPREEMPT_DRIVER_WINDOW_MS", c.window_ms);
   c.idle_grace_ms = env_double("GPREEMPT_DRIVER_GRACE_MS", c.idle_grace_ms);
-  c.fn_costs = env_double("GPREEMPT_DRIVER_FN_COSTS", 1.0) != 0.0;
   return c;
 }
 

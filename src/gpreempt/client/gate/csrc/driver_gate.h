@@ -13,8 +13,6 @@
 //   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
 //     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
 //     the functions the Python client calls (ctypes);
-//   * driver_costs.cpp: the GPU time of each kernel and graph, timed one launch at a time now
-//     and then, which spaces the barriers;
 //   * driver_asleep.cpp: while the callbacks are off (nobody more important was active for a
 //     while), stream barriers put by the gate's thread, and waking the gate where the process
 //     queues faster than they bound;
@@ -49,9 +47,6 @@ struct Config {
   double barrier_us = 200.0;  // GPU time between two barriers on a stream; 0 = no barriers
   double window_ms = 25.0;    // GPU time in flight at most on a stream
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
-  // barriers spaced by each launch's own learned cost (GPREEMPT_GATE_OP_COSTS, as the
-  // operator gate's), not by the stream's average per launch
-  bool fn_costs = true;
 };
 
 // Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often;
@@ -85,7 +80,6 @@ struct Mark {
   // held the stream
   CUevent before = nullptr;
   uint64_t launches = 0;
-  double work_ns = 0.0;       // the learned GPU time of its span's launches
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
 };
@@ -111,7 +105,6 @@ constexpr size_t kNotes = 256;
 struct StreamState {
   CUcontext context = nullptr;
   uint64_t since_mark = 0;     // launches since the last mark
-  double work_ns = 0.0;        // their learned GPU time
   uint64_t spacing = 8;        // launches between two marks, from the learned cost
   double ns_per_launch = 0.0;  // learned GPU time per launch (0 = not yet)
   bool dirty = false;          // launched since its last event (activity)
@@ -121,24 +114,6 @@ struct StreamState {
   std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
   uint64_t verified_round = 0;      // that check's look (driver_verify.cpp)
-};
-
-// One kernel's (CUfunction's) or graph's learned GPU time per launch (driver_costs.cpp).
-struct FnCost {
-  std::atomic<uintptr_t> key{0};     // the CUfunction or CUgraphExec, 0 = free slot
-  std::atomic<uint32_t> ns{0};       // 0 = not learned yet
-  std::atomic<uint32_t> calls{0};
-  std::atomic<uint32_t> samples{0};  // exact timings so far
-};
-constexpr size_t kFnSlots = 4096;  // a power of two
-constexpr size_t kFnProbes = 16;
-
-// One launch timed: `before` and `after` are timed events around it on its stream.
-struct FnSample {
-  CUevent before = nullptr;
-  CUevent after = nullptr;
-  FnCost* fn = nullptr;
-  bool exact = false;  // the GPU ran it between them with no gap (else an upper bound)
 };
 
 struct Gate {
@@ -164,8 +139,6 @@ struct Gate {
   std::atomic<bool> batch_ok{true};  // cuStreamBatchMemOp puts a barrier's waits in one call
   std::atomic<bool> pair_ok{true};   // the driver takes 64-bit waits (Words::kPair)
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
-  std::array<FnCost, kFnSlots> fn_costs{};
-  std::deque<FnSample> fn_samples;  // mu
 };
 
 Gate& gate();
@@ -254,9 +227,6 @@ class CurrentContext {
 
 // driver_hold.cpp
 bool barriers_hold(Gate& g, const uint8_t* ctl);
-// The stream a launch goes to (per-thread default streams: CU_STREAM_PER_THREAD); false for a
-// call whose stream is not followed.
-bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out);
 void before_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 
@@ -308,22 +278,6 @@ void forget_stream(CUstream stream);
 // gate does; after short kernels it drops between one and two graces after the last launch.
 // Called by the background thread.
 void check_idle(Gate& g, int64_t now);
-
-// driver_costs.cpp
-// Before a launch whose barriers hold: finds its function's cost, and opens a timing of it
-// when one is due.
-void before_costed_launch(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);
-// The cost entry before_costed_launch found for the launch of `data` (its exit), once.
-FnCost* launched_fn(const CUpti_CallbackData* data);
-// Whether this thread has a timing open (its launch is under way).
-bool fn_sample_open();
-// Ends this thread's open timing behind its launch (mu held): kept where the launch of `data`
-// is the one it opened for and succeeded.
-void end_fn_sample(Gate& g, const CUpti_CallbackData* data, CUstream stream);
-// Learns from the timings that completed (mu held).
-void take_fn_samples(Gate& g);
-// A launch's GPU time: its function's learned cost, else the stream's average per launch.
-double launch_cost_ns(const FnCost* fn, const StreamState& st);
 
 // driver_asleep.cpp
 // Called by the background thread while the callbacks are off: barriers on every known stream

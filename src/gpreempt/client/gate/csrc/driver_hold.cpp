@@ -33,7 +33,9 @@ bool must_wait(Gate& g, uint32_t word, const WatchList* w) {
   return true;
 }
 
-// Per-thread default streams: the _ptsz entry points with stream 0.
+namespace {
+
+// The stream a launch goes to. Per-thread default streams: the _ptsz entry points with stream 0.
 bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   switch (cbid) {
 #define GP_STREAM_OF(id, type, field)                             \
@@ -83,8 +85,6 @@ bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   }
 }
 
-namespace {
-
 void wait_open(Gate& g, uint8_t* ctl) {
   NoGil nogil;
   auto* word = reinterpret_cast<uint32_t*>(ctl + kOffGateClosed);
@@ -113,7 +113,7 @@ void wait_open(Gate& g, uint8_t* ctl) {
 
 }  // namespace
 
-void before_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
+void before_launch(CUpti_CallbackId /*cbid*/, const CUpti_CallbackData* /*data*/) {
   if (t_inside) {
     return;
   }
@@ -136,9 +136,6 @@ void before_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
       ring(g);
     }
   }
-  if (g.cfg.fn_costs && barriers_hold(g, ctl)) {
-    before_costed_launch(g, cbid, data);  // last: a timing must not span the wait above
-  }
 }
 
 void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
@@ -147,22 +144,17 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   }
   Gate& g = gate();
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  const FnCost* fn = launched_fn(data);
   CUstream stream = nullptr;
   if (ctl == nullptr || !launch_stream(cbid, data->functionParams, &stream)) {
     return;
   }
   const bool activity = g.cfg.auto_activity && !g.cfg.torch_gate;
   const bool bounded = g.cfg.bound && g.cfg.barrier_us > 0 && load32(ctl, kOffWindowShareUs) != 0;
-  if (!activity && !bounded && !fn_sample_open()) {
+  if (!activity && !bounded) {
     return;
   }
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
-  end_fn_sample(g, data, stream);
-  if (!activity && !bounded) {
-    return;
-  }
   auto [it, fresh] = g.streams.try_emplace(stream);
   StreamState& st = it->second;
   if (fresh) {
@@ -171,16 +163,7 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   }
   st.dirty = true;
   ++st.since_mark;
-  if (!bounded) {
-    return;
-  }
-  st.work_ns += launch_cost_ns(fn, st);
-  // spaced by the launches' learned GPU time once the stream's average is known (every
-  // launch at that average where costs per function are off), by a count until then
-  const bool due = g.cfg.fn_costs && st.ns_per_launch > 0.0
-                       ? st.work_ns >= g.cfg.barrier_us * 1000.0
-                       : st.since_mark >= st.spacing;
-  if (due && !capturing(stream)) {
+  if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
     mark(g, ctl, stream, st);
   }
 }

@@ -291,7 +291,7 @@ __attribute__((visibility("default"))) int InitializeInjection() {
 // the interpreter let go of its own mapping, still finds it.
 __attribute__((visibility("default"))) int gpreempt_driver_adopt(
     int memfd, int doorbell, int bound, int auto_activity, int torch_gate, double barrier_us,
-    double window_ms, double idle_grace_ms, int fn_costs) {
+    double window_ms, double idle_grace_ms) {
   Gate& g = gate();
   struct stat st {};
   if (fstat(memfd, &st) != 0 || st.st_size < static_cast<off_t>(kSize)) {
@@ -314,7 +314,6 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
   g.cfg.barrier_us = barrier_us;
   g.cfg.window_ms = window_ms;
   g.cfg.idle_grace_ms = idle_grace_ms;
-  g.cfg.fn_costs = fn_costs != 0;
   g.doorbell = dup(doorbell);
   g.adopted_inode = st.st_ino;
   g.adopted.store(true);

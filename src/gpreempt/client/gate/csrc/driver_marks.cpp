@@ -206,16 +206,7 @@ void reap(Gate& g, StreamState& st) {
   });
 }
 
-// The GPU time queued on the stream and not yet known to be done: the launches' learned costs
-// (the stream's average for each, where costs per function are off).
-double in_flight_ns(const Gate& g, const StreamState& st) {
-  if (g.cfg.fn_costs) {
-    double work = st.work_ns;
-    for (size_t i = 1; i < st.marks.size(); ++i) {
-      work += st.marks[i].work_ns;
-    }
-    return work;
-  }
+double in_flight_ns(const StreamState& st) {
   uint64_t launches = st.since_mark;
   for (size_t i = 1; i < st.marks.size(); ++i) {
     launches += st.marks[i].launches;
@@ -282,14 +273,11 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   }
   m.before = before;
   m.launches = st.since_mark;
-  m.work_ns = st.work_ns;
   push_mark(st, m, note);
   st.since_mark = 0;
-  st.work_ns = 0.0;
   reap(g, st);
-  take_fn_samples(g);
   for (bool counted = false; st.ns_per_launch > 0 && st.marks.size() > 1 &&
-                            in_flight_ns(g, st) > g.cfg.window_ms * 1e6;
+                            in_flight_ns(st) > g.cfg.window_ms * 1e6;
        counted = true) {
     if (!counted) {
       __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
@@ -338,11 +326,9 @@ bool work_done(Gate& g) {
     if (st.dirty && !capturing(stream)) {
       if (record_mark(g, stream, st.marks, &m, false)) {
         m.launches = st.since_mark;
-        m.work_ns = st.work_ns;
         m.gpu_was_busy = false;  // a burst's tail: no span the GPU ran through to learn from
         push_mark(st, m, BarrierNote{});
         st.since_mark = 0;
-        st.work_ns = 0.0;
       }
       st.dirty = false;
     }
