@@ -242,24 +242,26 @@ device = cupy.cuda.Device()
 
 # A server that marks no requests (no PyTorch, so no operator gate either): its driver-level
 # gate tells its activity from its launches, and the trainer's barriers wait on that word. It
-# queues its next batch before it waits for the last, so it has no idle gap (one longer than
-# the idle grace would rightly let the trainer run).
+# keeps three batches of a millisecond queued, waiting for the oldest before it queues the
+# next, so it has no idle gap (one longer than its idle grace of 0.2 ms would rightly let the
+# trainer run) unless its CPU stalls for more than two milliseconds; its kernel is compiled
+# and run once before, so that its first batch starts at once.
 SERVER_LAUNCHES = (
     CUPY_SPIN
     + r"""
-import pathlib, sys, time
+import collections, pathlib, sys, time
 go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+spin((1,), (1,), (cupy.uint64(1000),)); device.synchronize()
 while not go.exists():
     time.sleep(0.005)
-end, queued = time.monotonic() + seconds, None
-while time.monotonic() < end:  # a millisecond of work always queued: never idle between batches
+end, queued = time.monotonic() + seconds, collections.deque()
+while time.monotonic() < end:
     for _ in range(10):
         spin((1,), (1,), (cupy.uint64(100_000),))
-    batch = cupy.cuda.Event()
-    batch.record()
-    if queued is not None:
-        queued.synchronize()
-    queued = batch
+    queued.append(cupy.cuda.Event())
+    queued[-1].record()
+    if len(queued) > 2:
+        queued.popleft().synchronize()
 device.synchronize()
 time.sleep(120)
 """
