@@ -218,15 +218,16 @@ bool asleep_barrier(GateState* g, int64_t now, bool& device_set) {
     const c10::Stream stream = g->last_stream.device_type() != c10::kCPU
                                    ? g->last_stream
                                    : g->impl->getDefaultStream(g->impl->getDevice());
+    if (!device_set) {
+      // so that restoring "the previous device" after a record or a query (each sets the
+      // stream's device for itself) never touches device 0
+      g->impl->setDevice(stream.device());
+      device_set = true;
+    }
     if (g->impl->queryStream(stream)) {
       // nothing queued: a barrier would hold nothing, and would cost every other process on
       // the GPU a switch to this one
       return true;
-    }
-    if (!device_set) {
-      // so that restoring "the previous device" after a record never touches device 0
-      g->impl->setDevice(stream.device());
-      device_set = true;
     }
     if (!put_waits(g, stream)) {
       return true;
