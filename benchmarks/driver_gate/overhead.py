@@ -23,7 +23,10 @@ the GPU (one runs while the others wait idle), in rounds whose order is shuffled
 
 Each turn runs training steps for ``--turn-s`` seconds, then waits for the GPU to finish what
 they queued; the ratio of a configuration is its steps per second over ``ungated``'s in the
-same round.
+same round. After each turn of a gated copy its daemon is asked for the driver-level gate's
+counters: each turn records the launches its callbacks saw and the stream barriers it put
+(``gate``), so the table tells how much of a turn an asleep gate spent awake (a gate whose
+process queues far ahead wakes while the GPU work between its thread's barriers is long).
 
     PYTHONPATH=src python3 benchmarks/driver_gate/overhead.py --out overhead.json
 
@@ -44,10 +47,12 @@ import time
 from pathlib import Path
 
 from gpreempt.bench import turns
+from gpreempt.client.connection import DaemonClient
 from gpreempt.client.framework_settings import framework_settings
 from gpreempt.priority import NAMED
 
 CONFIGS = ("ungated", "control", "defaults", "awake")
+PLAIN = ("ungated", "control")  # the copies without gpreempt
 KINDS = ("transformer-sync", "transformer-compiled", "jax", "cupy")
 
 CHILD = r"""
@@ -97,6 +102,25 @@ def plain_env(config: str, env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def gate_counts(runtime: Path) -> dict | None:
+    """The driver-level gate counters of the copy named ``trainer`` under the daemon of
+    ``runtime``, or None where it cannot be asked."""
+    try:
+        with DaemonClient.connect(runtime, timeout=2) as client:
+            tasks = client.status()["tasks"]
+        gate = next(t for t in tasks if t["name"] == "trainer")["gate"]
+        return {"launches": gate["driver_launches"], "barriers": gate["driver_barriers"]}
+    except Exception:  # noqa: BLE001  a figure missing, never a run lost
+        return None
+
+
+def counted(before: dict | None, after: dict | None) -> dict | None:
+    """What the gate counted between two snapshots of :func:`gate_counts`."""
+    if before is None or after is None:
+        return None
+    return {key: after[key] - before[key] for key in after}
+
+
 def measure_kind(
     kind: str, rounds: int, turn_s: float, work: Path, variants: tuple[str, ...] = ()
 ) -> list[dict]:
@@ -108,18 +132,19 @@ def measure_kind(
     configs = (*CONFIGS, *(f"awake:{v}" for v in variants))
     ids = {c: f"c{i}" for i, c in enumerate(configs)}  # turn words name no variable
     outs = {c: work / f"{kind}.{ids[c]}.jsonl" for c in configs}
+    runtimes = {c: work / f"rt-{kind}-{ids[c]}" for c in configs if c not in PLAIN}
 
     def child(config: str) -> list[str]:
         return [sys.executable, "-c", CHILD, kind, str(turn), ids[config], str(outs[config])]
 
     def start(config: str) -> None:
         """One copy; each in a session of its own, as ``gpreempt run`` starts its command."""
-        if config in ("control", "ungated"):
+        if config in PLAIN:
             procs.append(
                 subprocess.Popen(child(config), env=plain_env(config, env), start_new_session=True)
             )
             return
-        runtime = work / f"rt-{kind}-{ids[config]}"
+        runtime = runtimes[config]
         sleep_after = [] if config == "defaults" else ["--sleep-after-s", "0"]
         procs.append(turns.start_daemon(runtime, env, sleep_after))
         run = turns.run_under(runtime)
@@ -128,9 +153,8 @@ def measure_kind(
         )
         name, _, value = config.partition(":")[2].partition("=")
         child_env = {**env, name: value} if name else env
-        procs.append(
-            subprocess.Popen([*run, "--priority", "low", "--", *child(config)], env=child_env)
-        )
+        low = [*run, "--priority", "low", "--name", "trainer", "--", *child(config)]
+        procs.append(subprocess.Popen(low, env=child_env))
 
     # the copies start in an order shuffled per kind, so that what favours a place in it
     # (their memory's place, their start) falls on no configuration in particular
@@ -141,16 +165,29 @@ def measure_kind(
         turns.wait_started(list(outs.values()), procs)
         time.sleep(2.0)  # the defaults' gate falls asleep beside its idle server
         orders: list[list[str]] = []
+        last = {c: gate_counts(r) for c, r in runtimes.items()}
+        gates: dict[tuple[str, str], dict | None] = {}
         for r in range(rounds):
             order = list(configs)
             random.shuffle(order)
             orders.append(order)
             for config in order:
-                turns.give_turn(turn, ids[config], f"{r}:{turn_s}", outs[config], turn_s * 10 + 60)
+                key = f"{r}:{turn_s}"
+                turns.give_turn(turn, ids[config], key, outs[config], turn_s * 10 + 60)
+                if config in runtimes:
+                    now = gate_counts(runtimes[config])
+                    gates[(config, key)] = counted(last[config], now)
+                    last[config] = now
             print(f"  {kind} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
         return placed(
             [
-                {"kind": kind, "config": config, "started": started.index(config), **x}
+                {
+                    "kind": kind,
+                    "config": config,
+                    "started": started.index(config),
+                    **x,
+                    **({"gate": gates.get((config, x["turn"]))} if config in runtimes else {}),
+                }
                 for config in configs
                 for x in turns.read_lines(outs[config])
             ],
@@ -182,16 +219,34 @@ def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
     ]
 
 
+def seen_per_step(turns: list[dict], kind: str, config: str) -> float | None:
+    """The median over the turns of the launches the gate's callbacks saw per step (0 while
+    asleep), or None where no turn has its counters."""
+    seen = [
+        t["gate"]["launches"] / t["steps"]
+        for t in turns
+        if t["kind"] == kind and t["config"] == config and t.get("gate") and t["steps"]
+    ]
+    return statistics.median(seen) if seen else None
+
+
 def print_table(turns: list[dict], kinds: list[str], variants: tuple[str, ...]) -> None:
-    """Each configuration's ratio of ``ungated``: the median and the spread of the rounds."""
-    print(f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds")
+    """Each configuration's ratio of ``ungated``: the median and the spread of the rounds;
+    for gated copies, the launches per step their callbacks saw (an asleep gate's share of
+    its awake one's tells how long it was awake)."""
+    print(
+        f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds"
+        "   launches seen per step"
+    )
     for kind in kinds:
         for config in (*CONFIGS[1:], *(f"awake:{v}" for v in variants)):
             r = ratios(turns, kind, config)
+            seen = seen_per_step(turns, kind, config)
             if r:
                 print(
                     f"{kind:22s} {config:9s} {statistics.median(r):.3f} "
                     f"[{min(r):.3f}-{max(r):.3f}] n={len(r)}"
+                    + (f"   {seen:.1f}" if seen is not None else "")
                 )
 
 
