@@ -193,7 +193,8 @@ struct GateState {
   std::deque<Pending> fifo;
   std::vector<std::pair<c10::DeviceIndex, void*>> free_events;
   bool have_done = false;
-  Pending done{nullptr, 0, 0, 0, 0, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU))};
+  Pending done{nullptr, 0, 0, 0, 0,
+               c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)), false};
   double window_ns = 0.0;      // the bound on estimated work in flight, last computed
   // the operator being timed: its `before` event and stream (sample_open says there is one)
   void* sample_before = nullptr;
