@@ -96,6 +96,32 @@ def test_two_active_tasks_take_turns() -> None:
     assert third.wake_at == pytest.approx(1.180)
 
 
+def test_a_late_switch_does_not_lengthen_the_next_slice() -> None:
+    """The daemon switches 5 ms late: the next turn still ends one slice after the last one
+    ended, so both tasks keep their shares (turns started at the late moments would give 85
+    and 25 ms: 3.4 to 1 instead of 4)."""
+    tasks = [view(1, 100), view(2, -100)]
+    first = decide(1.0, tasks)  # 1 until 1.080
+    second = decide(1.085, tasks, first.memory)
+    assert second.suspend == {1} and second.wake_at == pytest.approx(1.100)
+    third = decide(1.105, tasks, second.memory)
+    assert third.suspend == {2} and third.wake_at == pytest.approx(1.180)
+
+
+def test_a_switch_far_behind_or_after_a_turn_ended_early_starts_now() -> None:
+    tasks = [view(1, 100), view(2, -100)]
+    first = decide(1.0, tasks)  # 1 until 1.080
+    # more than half of 2's 20 ms slice late: a slice of its own from now
+    late = decide(1.095, tasks, first.memory)
+    assert late.suspend == {1} and late.wake_at == pytest.approx(1.115)
+    # 1 went idle at 1.030, before its turn ran out: 2's turn starts then
+    idle = [view(1, 100, active=False), view(2, -100)]
+    early = decide(1.030, idle, first.memory)
+    assert early.suspend == frozenset()
+    back = decide(1.040, tasks, early.memory)
+    assert back.suspend == {1} and back.wake_at == pytest.approx(1.050)
+
+
 def test_rotation_order_is_priority_then_task_id() -> None:
     tasks = [view(3, 0), view(2, 0), view(1, 100), view(4, -100)]
     memory = None

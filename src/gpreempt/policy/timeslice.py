@@ -93,13 +93,23 @@ def _order_key(task: TaskView) -> tuple[int, int]:
 
 
 def _next_turn(contenders: list[TaskView], previous: Turn | None, now: float) -> Turn:
-    """The turn after ``previous`` in rotation order (the first task if there was none)."""
+    """The turn after ``previous`` in rotation order (the first task if there was none).
+
+    A turn that follows one that ran out starts where that one ended, not when the daemon
+    got round to it: a switch late by L would otherwise lengthen every slice by L, which moves
+    the shares towards the shorter slices (400 and 100 ms read 3.2 to 1 with switches 25 ms
+    late). It starts now where the previous one ended early (its task went idle) or so long
+    ago that the new slice would be mostly gone."""
     chosen = contenders[0]
     if previous is not None:
         later = [t for t in contenders if _order_key(t) > previous.order_key]
         if later:
             chosen = later[0]
-    return Turn(chosen.task_id, chosen.priority, now + slice_seconds(chosen))
+    length = slice_seconds(chosen)
+    start = now
+    if previous is not None and previous.until <= now < previous.until + length / 2:
+        start = previous.until
+    return Turn(chosen.task_id, chosen.priority, start + length)
 
 
 def decide_timeslice(snapshot: Snapshot, memory: Any = None) -> Decision:
