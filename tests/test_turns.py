@@ -177,7 +177,9 @@ def test_without_turns_hpf_is_unchanged() -> None:
 
 def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path) -> None:
     """Three gated PyTorch loops under a registered `high` task: at any moment at most one
-    runs, and each gets turns."""
+    that is active runs, and each gets turns. (Where all three look idle at once, as a loaded
+    two-core machine can stall their loops for longer than the idle grace, the group is
+    parked and all may launch: the first to launch then takes the turn.)"""
     pytest.importorskip("torch")
     daemon = Daemon(runtime_dir, "--turn-ms", "50")
     script = tmp_path / "peer.py"
@@ -200,13 +202,14 @@ def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path)
             return len(tasks) == 3 and all((t["gate"] or {}).get("installed") for t in tasks)
 
         assert wait_for(all_gated, 120), peers()
-        running = []
+        running, seen = [], []
         for _ in range(25):
             tasks = peers()
-            running.append(sum(t["state"] == "running" for t in tasks))
+            running.append(sum(t["state"] == "running" and t["active"] for t in tasks))
+            seen.append([(t["name"], t["state"], t["active"]) for t in tasks])
             # the srv task is not active: whoever is suspended only waits for its turn
             assert all(t["waiting_turn"] == (t["state"] == "suspended") for t in tasks), tasks
-        assert max(running) <= 1, running
+        assert max(running) == 1, (running, seen)
         # the srv task never became active: nobody was preempted, every stop was a turn
         assert all(t["preemptions"] == 0 for t in peers())
         assert sum(t["turns"] for t in peers()) >= 2
