@@ -98,8 +98,8 @@ def _next_turn(contenders: list[TaskView], previous: Turn | None, now: float) ->
     A turn that follows one that ran out starts where that one ended, not when the daemon
     got round to it: a switch late by L would otherwise lengthen every slice by L, which moves
     the shares towards the shorter slices (400 and 100 ms would give 3.4 to 1 with every
-    switch 25 ms late). It starts now where the previous one ended early (its task went idle) or so long
-    ago that the new slice would be mostly gone."""
+    switch 25 ms late). It starts now where the previous one ended early (its task went
+    idle) or so long ago that the new slice would be mostly gone."""
     chosen = contenders[0]
     if previous is not None:
         later = [t for t in contenders if _order_key(t) > previous.order_key]
