@@ -49,6 +49,7 @@ from pathlib import Path
 from gpreempt.bench import turns
 from gpreempt.client.connection import DaemonClient
 from gpreempt.client.framework_settings import framework_settings
+from gpreempt.errors import GpreemptError
 from gpreempt.priority import NAMED
 
 CONFIGS = ("ungated", "control", "defaults", "awake")
@@ -110,8 +111,8 @@ def gate_counts(runtime: Path) -> dict | None:
             tasks = client.status()["tasks"]
         gate = next(t for t in tasks if t["name"] == "trainer")["gate"]
         return {"launches": gate["driver_launches"], "barriers": gate["driver_barriers"]}
-    except Exception:  # noqa: BLE001  a figure missing, never a run lost
-        return None
+    except (GpreemptError, OSError, KeyError, TypeError, StopIteration):
+        return None  # a figure missing (no daemon, no such task, no gate), never a run lost
 
 
 def counted(before: dict | None, after: dict | None) -> dict | None:
