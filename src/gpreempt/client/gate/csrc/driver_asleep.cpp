@@ -4,9 +4,10 @@
 // still stops this process's queued work within about that much of it the moment a more
 // important task starts. That holds for a process whose GPU keeps up with its CPU, the one the
 // callbacks cost most. One that queues faster than its GPU runs (JAX and CuPy run far ahead)
-// leaves more GPU work between two of them: once a span between two barriers, measured on the
-// GPU, exceeds kAsleepMaxSpanNs, the gate wakes for kBacklogHoldNs and its launches bound the
-// queue again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
+// leaves more GPU work between two of them: once a request starting now would wait for more
+// than kAsleepMaxDrainNs on average (the spans between two barriers, measured on the GPU,
+// weighted by themselves), the gate wakes for kBacklogHoldNs and its launches bound the queue
+// again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
 // milliseconds every half second (discover_streams) to see them.
 //
 // A stream with nothing queued gets no barrier: the GPU would pass it at once, holding nothing,
@@ -17,6 +18,7 @@
 // A barrier must never land in a graph being captured: the capture calls keep their callbacks
 // while asleep and count captures under way, a capture start waits for a barrier being put
 // (the gate's mutex), and no barrier is put while one is under way.
+#include <algorithm>
 #include <array>
 
 #include "driver_gate.h"
@@ -32,14 +34,35 @@ bool nothing_to_hold(CUstream stream) {
   return stream == CU_STREAM_PER_THREAD || cu()->cuStreamQuery(stream) == CUDA_SUCCESS;
 }
 
-// Retires the stream's completed asleep marks; a span the GPU ran through without idling (the
-// first mark still pending when the second was put) longer than kAsleepMaxSpanNs wakes the gate.
+// Retires the stream's completed asleep marks, learning the GPU time of the work between each
+// two: their distance on the GPU, less the time between their records where the GPU had
+// reached the first before the second was put (it may have idled that long). Once a request
+// starting now would wait for more than kAsleepMaxDrainNs on average, the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
-  retire_marks(g, st.asleep_marks, [&](float ms, const Mark& /*later*/) {
-    if (static_cast<int64_t>(ms * 1e6) > kAsleepMaxSpanNs) {
-      g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+  while (st.asleep_marks.size() > 1) {
+    const Mark& first = st.asleep_marks[0];
+    const Mark& second = st.asleep_marks[1];
+    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
+      return;
     }
-  });
+    const CUevent end = second.before != nullptr ? second.before : second.event;
+    float elapsed = 0.0f;
+    if (cu()->cuEventElapsedTime(&elapsed, first.event, end) == CUDA_SUCCESS && elapsed >= 0.0f) {
+      double ms = elapsed;
+      if (!second.gpu_was_busy) {
+        ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
+      }
+      const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
+      st.span_sum_ms = st.span_sum_ms * keep + ms;
+      st.span_square_ms = st.span_square_ms * keep + ms * ms;
+      if (st.span_sum_ms > 0.0 && st.span_square_ms / st.span_sum_ms * 1e6 > kAsleepMaxDrainNs) {
+        g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+      }
+    }
+    give_event(g, first.event, true);
+    give_event(g, first.before, true);
+    st.asleep_marks.pop_front();
+  }
 }
 
 }  // namespace
@@ -73,6 +96,7 @@ void asleep_barriers(Gate& g, int64_t now) {
     Mark m;
     if (record_mark(g, stream, st.asleep_marks, &m, true)) {
       m.before = before;
+      m.recorded_ns = now;
       st.asleep_marks.push_back(m);
     } else {
       give_event(g, before, true);
@@ -105,6 +129,17 @@ void drop_asleep_marks(StreamState& st) {
     }
   }
   st.asleep_marks.clear();
+  st.span_sum_ms = 0.0;
+  st.span_square_ms = 0.0;
+}
+
+void forget_asleep_marks(Gate& g) {
+  const Guard guard;
+  std::lock_guard<std::mutex> lock(g.mu);
+  for (auto& [stream, st] : g.streams) {
+    const CurrentContext current(st.context);
+    drop_asleep_marks(st);
+  }
 }
 
 namespace {

@@ -50,11 +50,14 @@ struct Config {
 };
 
 // Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often;
-// the gate wakes for kBacklogHoldNs once the GPU work between two of them exceeds
-// kAsleepMaxSpanNs (the process queues faster than its GPU runs: a starting request would wait
-// for that much).
+// the gate wakes for kBacklogHoldNs once a request starting now would wait, on average, more
+// than kAsleepMaxDrainNs for the work ahead of a stream's next barrier (the process queues
+// faster than its GPU runs). That wait is the spans of GPU work between two barriers weighted
+// by themselves (a request more likely arrives during a long one), over about the last
+// kAsleepDrainSpans of them, as the operator gate's sleep thread reckons it.
 constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
-constexpr int64_t kAsleepMaxSpanNs = 2 * 1000 * 1000;
+constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
+constexpr double kAsleepDrainSpans = 50.0;
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 // Asleep marks a stream may have pending at most (beyond, the GPU is far behind: none added).
 constexpr size_t kAsleepMarksMax = 64;
@@ -82,6 +85,7 @@ struct Mark {
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
+  int64_t recorded_ns = 0;    // when it was put (asleep marks)
 };
 
 // Which of a watched block's activity words a wait reads.
@@ -110,6 +114,8 @@ struct StreamState {
   bool dirty = false;          // launched since its last event (activity)
   std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
   std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
+  double span_sum_ms = 0.0;       // asleep spans' GPU times, decaying (driver_asleep.cpp)
+  double span_square_ms = 0.0;    // ... and their squares
   uint64_t next_seq = 0;            // the seq of its next mark
   std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
@@ -285,8 +291,11 @@ void check_idle(Gate& g, int64_t now);
 void asleep_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
-// Destroys a forgotten stream's asleep marks (mu held).
+// Destroys a stream's asleep marks and forgets its spans (mu held): the stream is gone, or the
+// gate woke and its next sleep learns afresh.
 void drop_asleep_marks(StreamState& st);
+// The gate woke: every stream's asleep marks dropped (takes mu).
+void forget_asleep_marks(Gate& g);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);

@@ -206,10 +206,17 @@ void background() {
       discover_streams(g, now);
       const bool sleepy = may_sleep(g, ctl, now);
       if (sleepy != asleep.load()) {
-        std::lock_guard<std::mutex> lock(cupti_mu);
-        if (subscriber != nullptr && enable_held(!sleepy)) {
-          asleep.store(sleepy);
-          store32(ctl, kOffDriverAsleep, sleepy ? 1 : 0);
+        bool woke = false;
+        {
+          std::lock_guard<std::mutex> lock(cupti_mu);
+          if (subscriber != nullptr && enable_held(!sleepy)) {
+            asleep.store(sleepy);
+            store32(ctl, kOffDriverAsleep, sleepy ? 1 : 0);
+            woke = !sleepy;
+          }
+        }
+        if (woke) {
+          forget_asleep_marks(g);  // the next sleep learns its spans afresh
         }
       }
       check_idle(g, now);
