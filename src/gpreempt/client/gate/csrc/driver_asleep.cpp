@@ -6,8 +6,9 @@
 // callbacks cost most. One that queues faster than its GPU runs (JAX and CuPy run far ahead)
 // leaves more GPU work between two of them: once a request starting now would wait for more
 // than kAsleepMaxDrainNs on average (the spans between two barriers, measured on the GPU,
-// weighted by themselves), the gate wakes for kBacklogHoldNs and its launches bound the queue
-// again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
+// weighted by themselves), that stream's barriers come every kAsleepDenseBarrierNs, which
+// splits a step queued at once into pieces; where the wait is still too long, the gate wakes
+// for kBacklogHoldNs and its launches bound the queue again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
 // milliseconds every half second (discover_streams) to see them.
 //
 // A stream with nothing queued gets no barrier: the GPU would pass it at once, holding nothing,
@@ -37,7 +38,8 @@ bool nothing_to_hold(CUstream stream) {
 // Retires the stream's completed asleep marks, learning the GPU time of the work between each
 // two: their distance on the GPU, less the time between their records where the GPU had
 // reached the first before the second was put (it may have idled that long). Once a request
-// starting now would wait for more than kAsleepMaxDrainNs on average, the gate wakes.
+// starting now would wait for more than kAsleepMaxDrainNs on average, the stream's barriers
+// come denser (learned afresh), or, where they already do, the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
   while (st.asleep_marks.size() > 1) {
     const Mark& first = st.asleep_marks[0];
@@ -56,7 +58,13 @@ void learn_spans(Gate& g, StreamState& st, int64_t now) {
       st.span_sum_ms = st.span_sum_ms * keep + ms;
       st.span_square_ms = st.span_square_ms * keep + ms * ms;
       if (st.span_sum_ms > 0.0 && st.span_square_ms / st.span_sum_ms * 1e6 > kAsleepMaxDrainNs) {
-        g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+        if (st.asleep_every_ns > kAsleepDenseBarrierNs) {
+          st.asleep_every_ns = kAsleepDenseBarrierNs;
+          st.span_sum_ms = 0.0;
+          st.span_square_ms = 0.0;
+        } else {
+          g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+        }
       }
     }
     give_event(g, first.event, true);
@@ -70,7 +78,7 @@ void learn_spans(Gate& g, StreamState& st, int64_t now) {
 void asleep_barriers(Gate& g, int64_t now) {
   static int64_t last_ns = 0;  // the gate's one thread calls this
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || now - last_ns < kAsleepBarrierNs || !barriers_hold(g, ctl)) {
+  if (ctl == nullptr || now - last_ns < kAsleepDenseBarrierNs || !barriers_hold(g, ctl)) {
     return;
   }
   last_ns = now;
@@ -83,10 +91,11 @@ void asleep_barriers(Gate& g, int64_t now) {
   for (auto& [stream, st] : g.streams) {
     const CurrentContext current(st.context);
     learn_spans(g, st, now);
-    if (st.asleep_marks.size() >= kAsleepMarksMax || capturing(stream) ||
-        nothing_to_hold(stream)) {
+    if (now < st.asleep_next_ns || st.asleep_marks.size() >= kAsleepMarksMax ||
+        capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
+    st.asleep_next_ns = now + st.asleep_every_ns - kAsleepDenseBarrierNs / 2;  // the loop's jitter
     CUevent before = record_before(g, stream);
     if (!put_barrier(g, ctl, stream)) {
       give_event(g, before, true);
@@ -131,6 +140,8 @@ void drop_asleep_marks(StreamState& st) {
   st.asleep_marks.clear();
   st.span_sum_ms = 0.0;
   st.span_square_ms = 0.0;
+  st.asleep_every_ns = kAsleepBarrierNs;
+  st.asleep_next_ns = 0;
 }
 
 void forget_asleep_marks(Gate& g) {

@@ -49,18 +49,21 @@ struct Config {
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
 };
 
-// Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often;
-// the gate wakes for kBacklogHoldNs once a request starting now would wait, on average, more
-// than kAsleepMaxDrainNs for the work ahead of a stream's next barrier (the process queues
-// faster than its GPU runs). That wait is the spans of GPU work between two barriers weighted
-// by themselves (a request more likely arrives during a long one), over about the last
-// kAsleepDrainSpans of them, as the operator gate's sleep thread reckons it.
+// Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often.
+// Once a request starting now would wait, on average, more than kAsleepMaxDrainNs for the work
+// ahead of a stream's next barrier (the process queues faster than its GPU runs), the stream's
+// barriers come every kAsleepDenseBarrierNs instead, and if that wait is still too long the
+// gate wakes for kBacklogHoldNs. That wait is the spans of GPU work between two barriers
+// weighted by themselves (a request more likely arrives during a long one), over about the
+// last kAsleepDrainSpans of them, as the operator gate's sleep thread reckons it. A process that
+// queues a whole step at once (JAX, CuPy) mostly needs the denser barriers, not the callbacks.
 constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
+constexpr int64_t kAsleepDenseBarrierNs = 250 * 1000;
 constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
 constexpr double kAsleepDrainSpans = 50.0;
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 // Asleep marks a stream may have pending at most (beyond, the GPU is far behind: none added).
-constexpr size_t kAsleepMarksMax = 64;
+constexpr size_t kAsleepMarksMax = 128;
 // The callbacks see which streams a process launches on; asleep, they do not. While barriers
 // hold, the gate therefore wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
 // start to hold), so that a process that fell asleep before anyone outranked it, or made a new
@@ -116,6 +119,8 @@ struct StreamState {
   std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
   double span_sum_ms = 0.0;       // asleep spans' GPU times, decaying (driver_asleep.cpp)
   double span_square_ms = 0.0;    // ... and their squares
+  int64_t asleep_every_ns = kAsleepBarrierNs;  // its asleep barriers' spacing
+  int64_t asleep_next_ns = 0;                  // its next asleep barrier, not before
   uint64_t next_seq = 0;            // the seq of its next mark
   std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
@@ -287,7 +292,8 @@ void check_idle(Gate& g, int64_t now);
 
 // driver_asleep.cpp
 // Called by the background thread while the callbacks are off: barriers on every known stream
-// every kAsleepBarrierNs, and the spans between them learned.
+// every kAsleepBarrierNs (kAsleepDenseBarrierNs on a backlogged one), and the spans between
+// them learned.
 void asleep_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
