@@ -62,8 +62,11 @@ constexpr int64_t kAsleepDenseBarrierNs = 250 * 1000;
 constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
 constexpr double kAsleepDrainSpans = 50.0;
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
-// Asleep marks a stream may have pending at most (beyond, the GPU is far behind: none added).
-constexpr size_t kAsleepMarksMax = 128;
+// Asleep marks a stream may have pending at most: half a second of dense barriers, since a loop
+// that never waits for its GPU (CuPy, JAX) may queue as much as the driver takes, and a queue
+// past the last barrier would not be held (beyond this, none is added, and the long span that
+// leaves wakes the gate).
+constexpr size_t kAsleepMarksMax = 2048;
 // The callbacks see which streams a process launches on; asleep, they do not. While barriers
 // hold, the gate therefore wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
 // start to hold), so that a process that fell asleep before anyone outranked it, or made a new
