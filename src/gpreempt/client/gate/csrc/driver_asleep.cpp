@@ -7,7 +7,7 @@
 // leaves more GPU work between two of them: once a request starting now would wait for more
 // than kAsleepMaxDrainNs on average (the spans between two barriers, measured on the GPU,
 // weighted by themselves), that stream's barriers come every kAsleepDenseBarrierNs, which
-// splits a step queued at once into pieces; where the wait is still too long, the gate wakes
+// splits a step queued at once into pieces; where the wait stays too long, the gate wakes
 // for kBacklogHoldNs and its launches bound the queue again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
 // milliseconds every half second (discover_streams) to see them.
 //
@@ -39,7 +39,8 @@ bool nothing_to_hold(CUstream stream) {
 // two: their distance on the GPU, less the time between their records where the GPU had
 // reached the first before the second was put (it may have idled that long). Once a request
 // starting now would wait for more than kAsleepMaxDrainNs on average, the stream's barriers
-// come denser (learned afresh), or, where they already do, the gate wakes.
+// come denser (learned afresh), or, where they already do and the wait stayed too long for
+// kAsleepBacklogNs, the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
   while (st.asleep_marks.size() > 1) {
     const Mark& first = st.asleep_marks[0];
@@ -57,14 +58,18 @@ void learn_spans(Gate& g, StreamState& st, int64_t now) {
       const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
       st.span_sum_ms = st.span_sum_ms * keep + ms;
       st.span_square_ms = st.span_square_ms * keep + ms * ms;
-      if (st.span_sum_ms > 0.0 && st.span_square_ms / st.span_sum_ms * 1e6 > kAsleepMaxDrainNs) {
-        if (st.asleep_every_ns > kAsleepDenseBarrierNs) {
-          st.asleep_every_ns = kAsleepDenseBarrierNs;
-          st.span_sum_ms = 0.0;
-          st.span_square_ms = 0.0;
-        } else {
-          g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
-        }
+      const bool too_long =
+          st.span_sum_ms > 0.0 && st.span_square_ms / st.span_sum_ms * 1e6 > kAsleepMaxDrainNs;
+      if (!too_long) {
+        st.backlog_since_ns = 0;
+      } else if (st.asleep_every_ns > kAsleepDenseBarrierNs) {
+        st.asleep_every_ns = kAsleepDenseBarrierNs;
+        st.span_sum_ms = 0.0;
+        st.span_square_ms = 0.0;
+      } else if (st.backlog_since_ns == 0) {
+        st.backlog_since_ns = now;
+      } else if (now - st.backlog_since_ns >= kAsleepBacklogNs) {
+        g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
       }
     }
     give_event(g, first.event, true);
@@ -142,6 +147,7 @@ void drop_asleep_marks(StreamState& st) {
   st.span_square_ms = 0.0;
   st.asleep_every_ns = kAsleepBarrierNs;
   st.asleep_next_ns = 0;
+  st.backlog_since_ns = 0;
 }
 
 void forget_asleep_marks(Gate& g) {
