@@ -200,13 +200,14 @@ def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
     daemon, runtime_dir, tmp_path, kernel_loop
 ):
     """Beside an idle server the gate sleeps; a program that keeps a quarter second of work
-    queued (as JAX and CuPy run ahead) wakes it (its thread's barriers find the spans between
-    them too long), and a hold stops it within a fraction of that queue."""
+    queued (as JAX and CuPy run ahead) gets its thread's barriers every 0.25 ms, or wakes it
+    where the spans between them stay too long, and a hold stops it within a fraction of that
+    queue either way."""
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "deep")
     try:
         assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
-        time.sleep(3.0)  # asleep after a second, then woken by the backlog
+        time.sleep(3.0)  # asleep after a second, with dense barriers or woken by the backlog
         # far less than the 0.25 s the program keeps queued
         result = _hold(runtime_dir, progress, settle_s=0.1, still_s=1.0)
         task = result["task"]
