@@ -7,9 +7,10 @@
 // leaves more GPU work between two of them: once a request starting now would wait for more
 // than kAsleepMaxDrainNs on average (the spans between two barriers, measured on the GPU,
 // weighted by themselves), that stream's barriers come every kAsleepDenseBarrierNs, which
-// splits a step queued at once into pieces; where the wait stays too long, the gate wakes
-// for kBacklogHoldNs and its launches bound the queue again. Asleep, the gate sees no new stream: while barriers hold, it wakes for a few
-// milliseconds every half second (discover_streams) to see them.
+// splits a step queued at once into pieces; where the wait stays too long, the gate wakes for
+// kBacklogHoldNs and its launches bound the queue again. Asleep, the gate sees no new stream:
+// while barriers hold, it wakes for a few milliseconds every half second (discover_streams) to
+// see them.
 //
 // A stream with nothing queued gets no barrier: the GPU would pass it at once, holding nothing,
 // and each one costs every other process on the GPU a switch to this one (docs/results.md,

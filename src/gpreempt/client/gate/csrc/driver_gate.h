@@ -53,22 +53,23 @@ struct Config {
 // Once a request starting now would wait, on average, more than kAsleepMaxDrainNs for the work
 // ahead of a stream's next barrier (the process queues faster than its GPU runs), the stream's
 // barriers come every kAsleepDenseBarrierNs instead, and if that wait stays too long for
-// kAsleepBacklogNs the gate wakes for kBacklogHoldNs. That wait is the spans of GPU work between two barriers
-// weighted by themselves (a request more likely arrives during a long one), over about the
-// last kAsleepDrainSpans of them, as the operator gate's sleep thread reckons it. A process that
-// queues a whole step at once (JAX, CuPy) mostly needs the denser barriers, not the callbacks;
-// one that starts to run ahead queues tens of milliseconds in a few (a JAX loop 35 ms of steps
-// in 5 ms, CuPy 110 ms in 20), whose long spans a moment of waiting does not outweigh: only a
-// backlog that lasts wakes the gate, not the filling of a queue at a loop's start or after
-// each time it waited for its GPU.
+// kAsleepBacklogNs the gate wakes for kBacklogHoldNs. That wait is the spans of GPU work
+// between two barriers weighted by themselves (a request more likely arrives during a long
+// one), over about the last kAsleepDrainSpans of those timed, as the operator gate's sleep
+// thread reckons it. A process that queues a whole step at once (JAX, CuPy) mostly needs the
+// denser barriers, not the callbacks; one that starts to run ahead queues tens of milliseconds
+// in a few (a JAX loop 35 ms of steps in 5 ms, CuPy 110 ms in 20), long spans that a moment of
+// waiting does not outweigh: only a backlog that lasts wakes the gate, not the filling of a
+// queue at a loop's start or after each time it waited for its GPU.
 constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
 constexpr int64_t kAsleepDenseBarrierNs = 250 * 1000;
-constexpr int64_t kAsleepBacklogNs = 100 * 1000 * 1000;
-// One asleep span in this many is timed (two timed events a barrier cost a JAX loop on an H100
-// about 1.5 % at dense barriers).
-constexpr uint64_t kAsleepTimedEvery = 4;
 constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
 constexpr double kAsleepDrainSpans = 50.0;
+constexpr int64_t kAsleepBacklogNs = 100 * 1000 * 1000;
+// One asleep span in this many is timed: a timed event costs an H100 about 1.8 us, and with two
+// at every dense barrier a JAX loop kept 0.974 of its speed asleep, with one span in four timed
+// 0.988 (docs/results.md).
+constexpr uint64_t kAsleepTimedEvery = 4;
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 // Asleep marks a stream may have pending at most: half a second of dense barriers, since a loop
 // that never waits for its GPU (CuPy, JAX) may queue as much as the driver takes, and a queue
