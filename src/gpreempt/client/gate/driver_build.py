@@ -27,7 +27,12 @@ from .build import NativeGateUnavailable, build_lock, cache_root, check_private
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
-HEADERS = (CSRC / "driver_gate.h", CSRC / "control_layout.h", CSRC / "gate_words.h")
+HEADERS = (
+    CSRC / "driver_gate.h",
+    CSRC / "driver_asleep_drain.h",
+    CSRC / "control_layout.h",
+    CSRC / "gate_words.h",
+)
 LIBRARY_PREFIX = "libgpreempt_driver_"
 #: Headers the library needs, all in one include directory or split over a few.
 NEEDED_HEADERS = ("cuda.h", "cupti.h", "generated_cuda_meta.h")

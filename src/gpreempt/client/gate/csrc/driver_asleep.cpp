@@ -38,10 +38,8 @@ bool nothing_to_hold(CUstream stream) {
 
 // Retires the stream's completed asleep marks, learning the GPU time of the work between each
 // two: their distance on the GPU, less the time between their records where the GPU had
-// reached the first before the second was put (it may have idled that long). Once a request
-// starting now would wait for more than kAsleepMaxDrainNs on average, the stream's barriers
-// come denser (learned afresh), or, where they already do and the wait stayed too long for
-// kAsleepBacklogNs, the gate wakes.
+// reached the first before the second was put (it may have idled that long). The stream's
+// AsleepDrain (driver_asleep_drain.h) says when its barriers come denser or the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
   while (st.asleep_marks.size() > 1) {
     const Mark& first = st.asleep_marks[0];
@@ -57,20 +55,7 @@ void learn_spans(Gate& g, StreamState& st, int64_t now) {
       if (!second.gpu_was_busy) {
         ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
       }
-      const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
-      st.span_sum_ms = st.span_sum_ms * keep + ms;
-      st.span_square_ms = st.span_square_ms * keep + ms * ms;
-      const bool too_long =
-          st.span_sum_ms > 0.0 && st.span_square_ms / st.span_sum_ms * 1e6 > kAsleepMaxDrainNs;
-      if (!too_long) {
-        st.backlog_since_ns = 0;
-      } else if (st.asleep_every_ns > kAsleepDenseBarrierNs) {
-        st.asleep_every_ns = kAsleepDenseBarrierNs;
-        st.span_sum_ms = 0.0;
-        st.span_square_ms = 0.0;
-      } else if (st.backlog_since_ns == 0) {
-        st.backlog_since_ns = now;
-      } else if (now - st.backlog_since_ns >= kAsleepBacklogNs) {
+      if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
         g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
       }
     }
@@ -102,7 +87,7 @@ void asleep_barriers(Gate& g, int64_t now) {
         capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
-    st.asleep_next_ns = now + st.asleep_every_ns - kAsleepDenseBarrierNs / 2;  // the loop's jitter
+    st.asleep_next_ns = now + st.drain.every_ns - kAsleepDenseBarrierNs / 2;  // the loop's jitter
     // a span is timed in one of kAsleepTimedEvery: from a timed mark's event to a timed event
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)
@@ -149,11 +134,8 @@ void drop_asleep_marks(StreamState& st) {
     }
   }
   st.asleep_marks.clear();
-  st.span_sum_ms = 0.0;
-  st.span_square_ms = 0.0;
-  st.asleep_every_ns = kAsleepBarrierNs;
+  st.drain.reset();
   st.asleep_next_ns = 0;
-  st.backlog_since_ns = 0;
 }
 
 void forget_asleep_marks(Gate& g) {

@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "control_layout.h"
+#include "driver_asleep_drain.h"
 #include "gate_words.h"
 
 namespace gpreempt_driver {
@@ -49,28 +50,13 @@ struct Config {
   double idle_grace_ms = 2.0;  // quiet time before auto_active drops
 };
 
-// Asleep (callbacks off): the gate's thread puts a barrier on each stream it knows this often.
-// Once a request starting now would wait, on average, more than kAsleepMaxDrainNs for the work
-// ahead of a stream's next barrier (the process queues faster than its GPU runs), the stream's
-// barriers come every kAsleepDenseBarrierNs instead, and if that wait stays too long for
-// kAsleepBacklogNs the gate wakes for kBacklogHoldNs. That wait is the spans of GPU work
-// between two barriers weighted by themselves (a request more likely arrives during a long
-// one), over about the last kAsleepDrainSpans of those timed, as the operator gate's sleep
-// thread reckons it. A process that queues a whole step at once (JAX, CuPy) mostly needs the
-// denser barriers, not the callbacks; one that starts to run ahead queues tens of milliseconds
-// in a few (a JAX loop 35 ms of steps in 5 ms, CuPy 110 ms in 20), long spans that a moment of
-// waiting does not outweigh: only a backlog that lasts wakes the gate, not the filling of a
-// queue at a loop's start or after each time it waited for its GPU.
-constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
-constexpr int64_t kAsleepDenseBarrierNs = 250 * 1000;
-constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
-constexpr double kAsleepDrainSpans = 50.0;
-constexpr int64_t kAsleepBacklogNs = 100 * 1000 * 1000;
-// One asleep span in this many is timed: a timed event costs an H100 about 1.8 us, and with two
-// at every dense barrier a JAX loop kept 0.974 of its speed asleep, with one span in four timed
-// 0.988 (docs/results.md).
-constexpr uint64_t kAsleepTimedEvery = 4;
+// Asleep: the spacing of the thread's barriers and when a backlog wakes the gate are in
+// driver_asleep_drain.h; a backlog keeps it awake kBacklogHoldNs. One asleep span in
+// kAsleepTimedEvery is timed: a timed event costs an H100 about 1.8 us, and with two at every
+// dense barrier a JAX loop kept 0.974 of its speed asleep, with one span in four timed 0.988
+// (docs/results.md).
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
+constexpr uint64_t kAsleepTimedEvery = 4;
 // Asleep marks a stream may have pending at most: half a second of dense barriers, since a loop
 // that never waits for its GPU (CuPy, JAX) may queue as much as the driver takes, and a queue
 // past the last barrier would not be held (beyond this, none is added, and the long span that
@@ -129,12 +115,9 @@ struct StreamState {
   bool dirty = false;          // launched since its last event (activity)
   std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
   std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
-  double span_sum_ms = 0.0;       // asleep spans' GPU times, decaying (driver_asleep.cpp)
-  double span_square_ms = 0.0;    // ... and their squares
-  int64_t asleep_every_ns = kAsleepBarrierNs;  // its asleep barriers' spacing
-  int64_t asleep_next_ns = 0;                  // its next asleep barrier, not before
-  int64_t backlog_since_ns = 0;  // its dense barriers left too long a wait since (0: they don't)
-  uint64_t asleep_count = 0;     // asleep marks put on it
+  AsleepDrain drain;              // what its asleep barriers leave a request to wait for
+  int64_t asleep_next_ns = 0;     // its next asleep barrier, not before
+  uint64_t asleep_count = 0;      // asleep marks put on it
   uint64_t next_seq = 0;            // the seq of its next mark
   std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
