@@ -1,4 +1,4 @@
-"""The asleep driver-level gate's rule (``driver_asleep_drain.h``), run on the CPU: when a
+"""The asleep driver-level gate's rule (``asleep_drain.h``), run on the CPU: when a
 stream's barriers come denser and when a backlog wakes the gate, fed spans as a GPU would
 report them."""
 
@@ -18,7 +18,7 @@ from gpreempt.client.gate.driver_build import CSRC
 PROGRAM = r"""
 #include <cstdio>
 #include <cstring>
-#include "driver_asleep_drain.h"
+#include "asleep_drain.h"
 using namespace gpreempt_driver;
 int main() {
   AsleepDrain d;

@@ -53,6 +53,7 @@ HEADERS = tuple(
     for name in (
         "operator_gate.h",
         "operator_gate_base.h",
+        "asleep_drain.h",
         "control_layout.h",
         "gate_words.h",
         "hip_api.h",

@@ -29,7 +29,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
 HEADERS = (
     CSRC / "driver_gate.h",
-    CSRC / "driver_asleep_drain.h",
+    CSRC / "asleep_drain.h",
     CSRC / "control_layout.h",
     CSRC / "gate_words.h",
 )

@@ -39,7 +39,7 @@ bool nothing_to_hold(CUstream stream) {
 // Retires the stream's completed asleep marks, learning the GPU time of the work between each
 // two: their distance on the GPU, less the time between their records where the GPU had
 // reached the first before the second was put (it may have idled that long). The stream's
-// AsleepDrain (driver_asleep_drain.h) says when its barriers come denser or the gate wakes.
+// AsleepDrain (asleep_drain.h) says when its barriers come denser or the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
   while (st.asleep_marks.size() > 1) {
     const Mark& first = st.asleep_marks[0];

@@ -32,7 +32,7 @@
 #include <unordered_map>
 
 #include "control_layout.h"
-#include "driver_asleep_drain.h"
+#include "asleep_drain.h"
 #include "gate_words.h"
 
 namespace gpreempt_driver {
@@ -51,7 +51,7 @@ struct Config {
 };
 
 // Asleep: the spacing of the thread's barriers and when a backlog wakes the gate are in
-// driver_asleep_drain.h; a backlog keeps it awake kBacklogHoldNs. One asleep span in
+// asleep_drain.h; a backlog keeps it awake kBacklogHoldNs. One asleep span in
 // kAsleepTimedEvery is timed: a timed event costs an H100 about 1.8 us, and with two at every
 // dense barrier a JAX loop kept 0.974 of its speed asleep, with one span in four timed 0.988
 // (docs/results.md).

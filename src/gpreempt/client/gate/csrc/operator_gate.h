@@ -52,6 +52,7 @@
 //   operator_gate_module.cpp         the Python module (the functions by their Python names)
 #pragma once
 
+#include "asleep_drain.h"
 #include "operator_gate_base.h"
 
 namespace gpreempt_gate {
@@ -210,8 +211,7 @@ struct GateState {
   std::deque<AsleepMark> asleep_marks;
   AsleepMark asleep_reached{nullptr, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU)),
                             0, false};
-  double span_sum = 0.0;     // decaying sums of the spans' GPU times (ms) and their squares
-  double span_square = 0.0;
+  gpreempt_asleep::ExpectedWait asleep_wait;  // from the spans between those barriers
   int64_t next_asleep_barrier_ns = 0;
   std::string error;
   std::unordered_map<uintptr_t, uint64_t> device_pages;  // host page -> its device address

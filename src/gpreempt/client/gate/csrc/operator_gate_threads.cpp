@@ -96,9 +96,6 @@ constexpr int64_t kAwakePollNs = 10 * 1000 * 1000;
 // Awake in a process whose launches tell its activity (a server without request()): it may
 // sleep through each scope a marker opens, so it looks more often.
 constexpr int64_t kAwakeActivityPollNs = 1000 * 1000;
-// Asleep with stream barriers (see asleep_barrier): the expected wait of a starting request
-// is taken over about this many of the last spans between two barriers.
-constexpr double kAsleepDrainSpans = 50.0;
 
 // --- asleep while nobody can preempt this task ---------------------------------------------------
 // A global operator callback costs a CPU-bound trainer several percent of its speed, even when
@@ -168,9 +165,7 @@ void learn_asleep_spans(GateState* g) {
       } else if (!mark.backlogged) {
         ms = std::max(0.0, ms - static_cast<double>(mark.recorded_ns - before.recorded_ns) / 1e6);
       }
-      const double keep = 1.0 - 1.0 / kAsleepDrainSpans;
-      g->span_sum = g->span_sum * keep + ms;
-      g->span_square = g->span_square * keep + ms * ms;
+      g->asleep_wait.learn(ms);
       if (ms > g->asleep_longest_ms.load(std::memory_order_relaxed)) {
         g->asleep_longest_ms.store(ms, std::memory_order_relaxed);
       }
@@ -189,14 +184,13 @@ void forget_asleep_marks(GateState* g) {
   g->asleep_marks.clear();
   give_event(g, g->asleep_reached.event, g->asleep_reached.stream.device_index());
   g->asleep_reached.event = nullptr;
-  g->span_sum = 0.0;
-  g->span_square = 0.0;
+  g->asleep_wait.reset();
 }
 
 // What a request starting now would wait for on average (ms): the spans' GPU times weighted by
 // themselves (mu held).
 double asleep_drain_ms(const GateState* g) {
-  return g->span_sum > 0.0 ? g->span_square / g->span_sum : 0.0;
+  return g->asleep_wait.ms();
 }
 
 // The sleep thread's barrier, while asleep: one every asleep_barrier_ms on the stream the

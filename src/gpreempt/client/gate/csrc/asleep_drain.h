@@ -1,0 +1,90 @@
+// What a request starting now would wait for behind an asleep gate's barriers, and what the
+// driver-level gate does about it: without CUDA or PyTorch, so that both gates share the
+// reckoning and a test on the CPU runs the rule (tests/test_driver_gate_asleep.py).
+//
+// A gate asleep has a thread put its stream barriers, and learns from events beside them the
+// GPU work between two: a request starting now would wait, on average, for those spans weighted
+// by themselves (it more likely arrives during a long one), over about the last kDrainSpans of
+// them (ExpectedWait; the operator gate's sleep thread wakes its gate where that exceeds
+// GateConfig.asleep_max_drain_ms).
+//
+// The driver-level gate's thread puts a barrier on each stream it knows every
+// kAsleepBarrierNs. Once the wait exceeds kAsleepMaxDrainNs (the process queues faster than
+// its GPU runs), the stream's barriers come every kAsleepDenseBarrierNs instead, and if the
+// wait stays too long for kAsleepBacklogNs the gate wakes (AsleepDrain). A process that queues
+// a whole step at once (JAX, CuPy) mostly needs the denser barriers, not the callbacks; one
+// that starts to run ahead queues tens of milliseconds in a few (a JAX loop 35 ms of steps in
+// 5 ms, CuPy 110 ms in 20), long spans that a moment of waiting does not outweigh: only a
+// backlog that lasts wakes the gate, not the filling of a queue at a loop's start or after
+// each time it waited for its GPU.
+#pragma once
+
+#include <cstdint>
+
+namespace gpreempt_asleep {
+
+constexpr double kDrainSpans = 50.0;
+
+// The expected wait of a request starting now behind the barriers whose spans were learned.
+struct ExpectedWait {
+  double sum_ms = 0.0;     // the spans' GPU times, decaying
+  double square_ms = 0.0;  // ... and their squares
+
+  void learn(double ms) {
+    const double keep = 1.0 - 1.0 / kDrainSpans;
+    sum_ms = sum_ms * keep + ms;
+    square_ms = square_ms * keep + ms * ms;
+  }
+  double ms() const { return sum_ms > 0.0 ? square_ms / sum_ms : 0.0; }
+  void reset() { *this = ExpectedWait{}; }
+};
+
+}  // namespace gpreempt_asleep
+
+namespace gpreempt_driver {
+
+constexpr int64_t kAsleepBarrierNs = 1000 * 1000;
+constexpr int64_t kAsleepDenseBarrierNs = 250 * 1000;
+constexpr int64_t kAsleepMaxDrainNs = 2 * 1000 * 1000;
+constexpr int64_t kAsleepBacklogNs = 100 * 1000 * 1000;
+
+// What the gate does after a span was learned.
+enum class AsleepVerdict {
+  kKeep,    // the barriers' spacing holds what it should
+  kDenser,  // the stream's barriers now come every kAsleepDenseBarrierNs
+  kWake,    // even so, the wait stayed too long: the gate wakes
+};
+
+// One stream's reckoning while its driver-level gate sleeps.
+struct AsleepDrain {
+  gpreempt_asleep::ExpectedWait wait;
+  int64_t every_ns = kAsleepBarrierNs;  // the stream's barriers' spacing
+  int64_t backlog_since_ns = 0;  // the wait at dense barriers too long since (0: it is not)
+
+  // What a request starting now would wait for on average (ms).
+  double wait_ms() const { return wait.ms(); }
+
+  // Takes in the GPU time of one span (ms), learned at `now`.
+  AsleepVerdict learn(double ms, int64_t now) {
+    wait.learn(ms);
+    if (!(wait.ms() * 1e6 > static_cast<double>(kAsleepMaxDrainNs))) {
+      backlog_since_ns = 0;
+      return AsleepVerdict::kKeep;
+    }
+    if (every_ns > kAsleepDenseBarrierNs) {
+      every_ns = kAsleepDenseBarrierNs;
+      wait.reset();  // learned afresh at the new spacing
+      return AsleepVerdict::kDenser;
+    }
+    if (backlog_since_ns == 0) {
+      backlog_since_ns = now;
+    }
+    return now - backlog_since_ns >= kAsleepBacklogNs ? AsleepVerdict::kWake
+                                                      : AsleepVerdict::kKeep;
+  }
+
+  // The gate woke (or the stream is gone): its next sleep learns afresh.
+  void reset() { *this = AsleepDrain{}; }
+};
+
+}  // namespace gpreempt_driver
