@@ -42,6 +42,7 @@ MS = 1_000_000  # ns
 
 @pytest.fixture(scope="module")
 def drain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The rule compiled, as the gate compiles it, into a program of its own."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         pytest.skip(f"no C++ compiler ({compiler!r})")
