@@ -31,7 +31,7 @@ int main() {
     const char* name = v == AsleepVerdict::kKeep     ? "keep"
                        : v == AsleepVerdict::kDenser ? "denser"
                                                      : "wake";
-    std::printf("%s %.6f %lld\n", name, d.wait_ms(), static_cast<long long>(d.every_ns));
+    std::printf("%s %.6f %lld\n", name, d.wait.ms(), static_cast<long long>(d.every_ns));
   }
   return 0;
 }
@@ -99,8 +99,9 @@ def test_a_backlog_that_lasts_wakes_the_gate_after_100_ms_not_before(drain: Path
 
 
 def test_a_queue_filling_at_a_loop_start_does_not_wake_it(drain: Path) -> None:
-    """A JAX loop queues 35 ms of 1.3-ms steps in 5 ms, then launches one step as each ends:
-    dense spans of about 2.5 ms at first, then one in five holds a step, the rest nothing."""
+    """Say a loop queues 35 ms of 1.3-ms steps in 5 ms, then launches one step as each ends
+    (as a JAX loop that runs ahead does): dense spans of about 2.5 ms at first, then one in
+    five holds a step, the rest nothing."""
     fill = every(0.25, 1, 10.0) + every(0.25, 20, 2.5, start_ns=2 * MS)
     now = 2 * MS + 20 * MS // 4
     steady = [(1.3 if i % 5 == 0 else 0.0, now + i * MS // 4) for i in range(2000)]

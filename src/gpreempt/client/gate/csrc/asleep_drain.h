@@ -12,11 +12,10 @@
 // kAsleepBarrierNs. Once the wait exceeds kAsleepMaxDrainNs (the process queues faster than
 // its GPU runs), the stream's barriers come every kAsleepDenseBarrierNs instead, and if the
 // wait stays too long for kAsleepBacklogNs the gate wakes (AsleepDrain). A process that queues
-// a whole step at once (JAX, CuPy) mostly needs the denser barriers, not the callbacks; one
-// that starts to run ahead queues tens of milliseconds in a few (a JAX loop 35 ms of steps in
-// 5 ms, CuPy 110 ms in 20), long spans that a moment of waiting does not outweigh: only a
-// backlog that lasts wakes the gate, not the filling of a queue at a loop's start or after
-// each time it waited for its GPU.
+// a whole step at once (JAX, CuPy) mostly needs the denser barriers, not the callbacks; a loop
+// that never waits for its GPU fills its queue as fast as its CPU launches, at its start and
+// after each time it waited, leaving long spans that a moment of waiting does not outweigh:
+// only a backlog that lasts wakes the gate, not the filling of a queue.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +59,6 @@ struct AsleepDrain {
   gpreempt_asleep::ExpectedWait wait;
   int64_t every_ns = kAsleepBarrierNs;  // the stream's barriers' spacing
   int64_t backlog_since_ns = 0;  // the wait at dense barriers too long since (0: it is not)
-
-  // What a request starting now would wait for on average (ms).
-  double wait_ms() const { return wait.ms(); }
 
   // Takes in the GPU time of one span (ms), learned at `now`.
   AsleepVerdict learn(double ms, int64_t now) {

@@ -134,16 +134,18 @@ void drop_asleep_marks(StreamState& st) {
     }
   }
   st.asleep_marks.clear();
-  st.drain.reset();
-  st.asleep_next_ns = 0;
 }
 
 void forget_asleep_marks(Gate& g) {
-  const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
   for (auto& [stream, st] : g.streams) {
-    const CurrentContext current(st.context);
-    drop_asleep_marks(st);
+    for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
+      give_event(g, m.event, m.timed);
+      give_event(g, m.before, true);
+    }
+    st.asleep_marks.clear();
+    st.drain.reset();
+    st.asleep_next_ns = 0;
   }
 }
 

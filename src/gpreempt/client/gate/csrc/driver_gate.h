@@ -294,10 +294,10 @@ void check_idle(Gate& g, int64_t now);
 void asleep_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
-// Destroys a stream's asleep marks and forgets its spans (mu held): the stream is gone, or the
-// gate woke and its next sleep learns afresh.
+// Destroys a forgotten stream's asleep marks (mu held).
 void drop_asleep_marks(StreamState& st);
-// The gate woke: every stream's asleep marks dropped (takes mu).
+// The gate woke: every stream's asleep marks' events go back to the spares and its spans are
+// forgotten, so that its next sleep learns afresh (takes mu).
 void forget_asleep_marks(Gate& g);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
