@@ -127,6 +127,16 @@ def test_a_gate_job_that_does_not_start_fails_with_its_barriers_row(monkeypatch)
     assert barriers.verdict == "unproven" and barriers.note == "the gate failed"
 
 
+def test_a_gate_without_its_cpp_part_says_so_in_its_barriers_row(tmp_path) -> None:
+    # the Python gate puts no stream barriers: the row says why there were none, not "off?"
+    log = tmp_path / "job.log"
+    line = "gpreempt: using the slow Python launch gate (no C++ compiler ('c++' is not on PATH))"
+    log.write_text(f"starting\n{line}\nstep 1\n")
+    assert selftest_module._slow_gate(log) == line
+    log.write_text("starting\nstep 1\n")
+    assert selftest_module._slow_gate(log) == ""
+
+
 def test_table_fits_80_columns(tmp_path) -> None:
     env = gp_env(tmp_path) | {"COLUMNS": "200"}
     result = subprocess.run(

@@ -6,6 +6,7 @@ registered beside the job, hold queued steps and stop the GPU at once."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,11 @@ def selftest(*mechanisms: str) -> dict:
     args = [sys.executable, "-m", "gpreempt", "selftest", "--json"]
     for m in mechanisms:
         args += ["-m", m]
-    result = subprocess.run(
-        args, capture_output=True, text=True, timeout=900, env={"PYTHONPATH": str(SRC)}
-    )
+    # the caller's environment (PATH finds the compiler that builds the gates) without any
+    # setting of gpreempt's own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPREEMPT_")}
+    env["PYTHONPATH"] = str(SRC)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return {r["mechanism"]: r for r in json.loads(result.stdout)["rows"]}
 

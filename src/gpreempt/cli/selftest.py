@@ -234,7 +234,7 @@ def _exercise(row: Row, runtime: Path, workspace: Workspace, mode: str) -> Row |
             _check_driver_gate(row, runtime, name)
         if barriers is None:
             return None
-        return barrier_row(barriers, row, beside)
+        return barrier_row(barriers, row, beside or _slow_gate(log_path))
     finally:
         stop_process(job)
         if server is not None:
@@ -277,6 +277,15 @@ def _check_driver_gate(row: Row, runtime: Path, name: str) -> None:
         row.verdict, row.note = FAILS, "the driver-level gate failed in the job"
     elif driver != "on" and row.verdict != UNPROVEN:
         row.verdict, row.note = UNPROVEN, f"the driver-level gate was {driver}, not on"
+
+
+def _slow_gate(log: Path) -> str:
+    """The job's line saying that its gate is the Python one, which puts no stream barriers
+    (its C++ part could not be built: the line says why); "" if it has none."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "using the slow Python launch gate" in line:
+            return line.strip()
+    return ""
 
 
 def _why(log: Path, default: str) -> str:
