@@ -16,11 +16,17 @@ from gpreempt.mechanisms.cuda_driver import CudaDriverError, ProcessState
 
 
 class FakeDriver:
-    def __init__(self, release: threading.Event | None = None, fail: bool = False) -> None:
+    """``fail``: every lock fails, with the CUresult ``code`` (CUDA_ERROR_UNKNOWN unless
+    said)."""
+
+    def __init__(
+        self, release: threading.Event | None = None, fail: bool = False, code: int = 999
+    ) -> None:
         self.states: dict[int, ProcessState] = {}
         self.calls: list[tuple[str, int]] = []
         self.release = release
         self.fail = fail
+        self.code = code
 
     def state(self, pid: int) -> ProcessState:
         return self.states.get(pid, ProcessState.RUNNING)
@@ -29,7 +35,8 @@ class FakeDriver:
         if self.release is not None:
             self.release.wait(5)
         if self.fail:
-            raise CudaDriverError("cuCheckpointProcessLock", pid, 999)
+            self.calls.append(("failed lock", pid))
+            raise CudaDriverError("cuCheckpointProcessLock", pid, self.code)
         self.calls.append(("lock", pid))
         self.states[pid] = ProcessState.LOCKED
 

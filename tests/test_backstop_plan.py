@@ -52,6 +52,23 @@ def test_a_task_not_held_by_its_gate_or_tried_already_is_left_alone() -> None:
         assert next_due([fact], 100.0, delay_s=0.05, lock=True) is None
 
 
+def test_a_lock_the_driver_refuses_is_not_tried_again_signals_take_its_place() -> None:
+    refused = facts(lock_refused=True)
+    plan = plan_backstop([refused], 100.05, delay_s=0.05, lock=True, signals=True)
+    assert plan.locks == () and plan.signals == (1,)
+    assert plan_backstop([refused], 100.04, delay_s=0.05, lock=True, signals=True).signals == ()
+    assert next_due([refused], 100.0, delay_s=0.05, lock=True, signals=True) == pytest.approx(
+        100.05
+    )
+    # where signals may not be used, nothing backs it up, and nothing is due for it
+    assert plan_backstop([refused], 1e9, delay_s=0.05, lock=True) == BackstopPlan((), (), ())
+    assert next_due([refused], 100.0, delay_s=0.05, lock=True) is None
+    # a leak of it says signals back it up, not the lock
+    leaking = facts(lock_refused=True, barrier_leaked=True)
+    (leak,) = plan_backstop([leaking], 100.0, delay_s=0.05, lock=True, signals=True).leaks
+    assert leak.signals and not leak.locked
+
+
 def test_a_gate_that_holds_on_the_gpu_is_trusted_only_below_its_own_user() -> None:
     trainer = facts(held_on_gpu=True)
     own_server = facts(2, priority=100, gate_held_since=None)

@@ -18,6 +18,7 @@ from gpreempt.daemon.registry import Registry
 from gpreempt.daemon.task import Task
 from gpreempt.daemon.task_identity import TaskIdentity
 from gpreempt.daemon.task_state import TaskState, change_state
+from gpreempt.mechanisms.cuda_driver import NOT_SUPPORTED
 
 PID = 4242
 
@@ -168,6 +169,32 @@ def test_a_failed_lock_falls_back_to_signals() -> None:
     apply(world, 100.06)  # the pass after the lock's outcome came in
     assert world.signals == [("stop", PID)] and world.task.backstop_signalled
     assert world.events.records[-1]["reason"] == "its driver lock failed"
+
+
+def test_a_lock_the_driver_refuses_is_tried_once_then_signals_stand_in_for_it() -> None:
+    # a process with a tools library loaded (the driver-level gate's): CUDA_ERROR_NOT_SUPPORTED
+    driver = FakeDriver(fail=True, code=NOT_SUPPORTED)
+    world = setup(Block(), driver=driver)
+    hold(world, 100.0)
+    apply(world, 100.05)
+    world.backstop.finish()
+    assert "not tried again on this task" in world.events.records[-1]["reason"]
+    apply(world, 100.06)
+    assert world.signals == [("stop", PID)]
+    errors = len([r for r in world.events.records if r["event"] == "error"])
+    for start in (200.0, 300.0):  # later suspensions: signals once due, no lock tried
+        world.backstop.release(world.task)
+        change_state(world.task, TaskState.RUNNING, now=start - 1.0)
+        world.task.backstop_signalled = False
+        hold(world, start)
+        apply(world, start + 0.04)
+        assert len(world.signals) == 1 + (start > 200.0)  # not before the delay
+        apply(world, start + 0.05)
+        world.backstop.finish()
+    assert world.signals == [("stop", PID)] * 3
+    assert driver.calls == [("failed lock", PID)]
+    assert len([r for r in world.events.records if r["event"] == "error"]) == errors
+    assert world.events.records[-1]["reason"] == "the driver refuses to lock it"
 
 
 def _run_held(world: SimpleNamespace, start: float, seconds: float, cpu_share: float) -> float:

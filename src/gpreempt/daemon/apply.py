@@ -360,7 +360,7 @@ def _fallback(leak: HoldLeak, task: Task) -> str:
     if leak.locked:
         return "the driver lock backs it up"
     if leak.signals:
-        return "signals stop it (no driver lock here)"
+        return "signals stop it (no driver lock for it here)"
     if task.preempted_since is None:  # it waited for a peer's turn
         return "its gate's words no longer count: it takes no turns"
     return "no driver lock here"

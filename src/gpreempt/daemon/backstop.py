@@ -46,7 +46,7 @@ import time
 
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
-from ..mechanisms.cuda_driver import CheckpointDriver, ProcessState
+from ..mechanisms.cuda_driver import NOT_SUPPORTED, CheckpointDriver, CudaDriverError, ProcessState
 from . import backstop_plan
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
@@ -105,8 +105,15 @@ class Backstop:
         self._failed: set[int] = set()
         #: Of those, the ones whose driver lock failed: signals may take its place.
         self._lock_failed: set[int] = set()
-        #: (task id, pid, call ms, error) of finished lock calls, from the helper threads.
-        self._done: queue.SimpleQueue[tuple[int, int, float, str | None]] = queue.SimpleQueue()
+        #: Tasks the driver refuses to lock for good (CUDA_ERROR_NOT_SUPPORTED: a tools library
+        #: is loaded in the process, the driver-level gate's): not tried again, each of their
+        #: suspensions goes to signals at once where they may be used.
+        self._lock_refused: set[int] = set()
+        #: (task id, pid, call ms, error, refused for good) of finished lock calls, from the
+        #: helper threads.
+        self._done: queue.SimpleQueue[tuple[int, int, float, str | None, bool]] = (
+            queue.SimpleQueue()
+        )
         self._threads: list[threading.Thread] = []
 
     @property
@@ -158,6 +165,7 @@ class Backstop:
             untrusted=task.gate_untrusted,
             signalled=task.backstop_signalled,
             lock_failed=task.task_id in self._lock_failed,
+            lock_refused=task.task_id in self._lock_refused,
             cpu_counted=self.meter.counted(task),
             cpu_window=window,
             gpu_busy=self._gpu_busy(task, to_unix),
@@ -212,6 +220,8 @@ class Backstop:
         """Why ``task`` is backed up, for its ``backstop`` event."""
         if task.gate_untrusted:
             return "its gate was found not to hold"
+        if task.task_id in self._lock_refused:
+            return "the driver refuses to lock it"
         if task.task_id in self._lock_failed:
             return "its driver lock failed"
         return f"held by its gate for {self.delay_s * 1e3:g} ms"
@@ -232,13 +242,14 @@ class Backstop:
 
     def _lock(self, task_id: int, pid: int) -> None:
         start = time.perf_counter()
-        error = None
+        error, refused = None, False
         try:
             if self.driver.state(pid) != ProcessState.LOCKED:
                 self.driver.lock(pid, LOCK_TIMEOUT_MS)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the loop must hear of it
             error = str(exc) if isinstance(exc, GpreemptError) else repr(exc)
-        self._done.put((task_id, pid, (time.perf_counter() - start) * 1e3, error))
+            refused = isinstance(exc, CudaDriverError) and exc.code == NOT_SUPPORTED
+        self._done.put((task_id, pid, (time.perf_counter() - start) * 1e3, error, refused))
         if self._wake_fd is not None:
             try:
                 os.write(self._wake_fd, b"\0")
@@ -250,7 +261,7 @@ class Backstop:
         locked = False
         while True:
             try:
-                task_id, pid, latency_ms, error = self._done.get_nowait()
+                task_id, pid, latency_ms, error, refused = self._done.get_nowait()
             except queue.Empty:
                 return locked
             task = self.registry.tasks.get(task_id)
@@ -261,6 +272,9 @@ class Backstop:
                 if task is not None:
                     self._failed.add(task_id)
                     self._lock_failed.add(task_id)  # signals may take its place
+                    if refused:
+                        self._lock_refused.add(task_id)
+                        error += "; not tried again on this task"
                     self.events.write(
                         "error",
                         **task.event_fields(),

@@ -100,6 +100,9 @@ class HoldFacts:
     signalled: bool = False
     #: Its driver lock failed this suspension: signals take its place where they may.
     lock_failed: bool = False
+    #: The driver refuses to lock its processes for good (a tools library is loaded in them,
+    #: the driver-level gate's): signals take the lock's place from the start, where they may.
+    lock_refused: bool = False
     #: Its processes' CPU time is measured now (hold_meter.py).
     cpu_counted: bool = False
     #: Its holding window that filled since the last pass, if one did.
@@ -161,15 +164,16 @@ def plan_backstop(
     backup = _backup(lock, signals)
     for task in tasks:
         preempted = task.gate_held_since is not None
+        own = _backup_for(task, backup, signals)
         ran = cpu_ran(task.cpu_window) if task.cpu_window is not None else None
         if ran is not None and not task.hold_leaked and not task.untrusted:
-            leaks.append(_leak(task, 0, backup if preempted else None, ran))
+            leaks.append(_leak(task, 0, own if preempted else None, ran))
             continue
         if task.gpu_busy and task.must_stand_still and not (task.hold_leaked or task.untrusted):
-            leaks.append(_leak(task, 0, backup if preempted else None, gpu=True))
+            leaks.append(_leak(task, 0, own if preempted else None, gpu=True))
             continue
         if task.barrier_leaked and not (task.hold_leaked or task.untrusted):
-            leaks.append(_leak(task, 0, backup if preempted else None, barrier=True))
+            leaks.append(_leak(task, 0, own if preempted else None, barrier=True))
             continue
         since = task.gate_held_since
         if not _checked(task) or since is None or now < since + SETTLE_MS / 1e3:
@@ -179,7 +183,7 @@ def plan_backstop(
             continue
         moved = task.launches - task.hold_baseline
         if moved > LEAK_SLACK * max(1, task.channels):
-            leaks.append(_leak(task, moved, backup))
+            leaks.append(_leak(task, moved, own))
     leaked = {leak.task_id for leak in leaks}
     locks: list[int] = []
     stops: list[int] = []
@@ -190,10 +194,11 @@ def plan_backstop(
         if task.lock_failed and signals:
             stops.append(task.task_id)
             continue
-        if backup is None or not _eligible(task, tasks, leaked, backup):
+        own = _backup_for(task, backup, signals)
+        if backup is None or own is None or not _eligible(task, tasks, leaked, backup):
             continue
         if now >= _due(task, leaked, delay_s):
-            (locks if backup == _LOCK else stops).append(task.task_id)
+            (locks if own == _LOCK else stops).append(task.task_id)
     return BackstopPlan(
         baselines=tuple(baselines), leaks=tuple(leaks), locks=tuple(locks), signals=tuple(stops)
     )
@@ -230,6 +235,7 @@ def next_due(
             for t in tasks
             if t.gate_held_since is not None
             and not t.signalled
+            and _backup_for(t, backup, signals) is not None
             and _eligible(t, tasks, set(), backup)
         ]
     return min(due) if due else None
@@ -241,6 +247,15 @@ _LOCK, _SIGNAL = MechanismName.LOCK, MechanismName.SIGNAL
 def _backup(lock: bool, signals: bool) -> str | None:
     """What backs a gate up: the driver lock, else signals, else nothing."""
     return _LOCK if lock else (_SIGNAL if signals else None)
+
+
+def _backup_for(task: HoldFacts, backup: str | None, signals: bool) -> str | None:
+    """What backs ``task``'s gate up: ``backup``, but signals (or nothing, where they may not
+    be used) in place of a lock the driver refuses it. It is the lock's rules that say when
+    (:func:`_eligible` with ``backup``): signals stand in for it, they do not widen it."""
+    if backup == _LOCK and task.lock_refused:
+        return _SIGNAL if signals else None
+    return backup
 
 
 def _leak(
