@@ -106,8 +106,8 @@ class Backstop:
         #: Of those, the ones whose driver lock failed: signals may take its place.
         self._lock_failed: set[int] = set()
         #: Tasks the driver refuses to lock for good (CUDA_ERROR_NOT_SUPPORTED: a tools library
-        #: is loaded in the process, the driver-level gate's): not tried again, each of their
-        #: suspensions goes to signals at once where they may be used.
+        #: is loaded in the process, the driver-level gate's): not tried again; signals stand
+        #: in for the lock where they may be used, once it would have been due.
         self._lock_refused: set[int] = set()
         #: (task id, pid, call ms, error, refused for good) of finished lock calls, from the
         #: helper threads.
