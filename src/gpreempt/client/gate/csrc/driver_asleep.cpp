@@ -41,28 +41,18 @@ bool nothing_to_hold(CUstream stream) {
 // reached the first before the second was put (it may have idled that long). The stream's
 // AsleepDrain (asleep_drain.h) says when its barriers come denser or the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
-  while (st.asleep_marks.size() > 1) {
-    const Mark& first = st.asleep_marks[0];
-    const Mark& second = st.asleep_marks[1];
-    if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
+  retire_marks(g, st.asleep_marks, [&](const Mark& first, const Mark& second) {
+    double ms = span_ms(first, second);
+    if (ms < 0.0) {
       return;
     }
-    float elapsed = 0.0f;
-    if (first.timed && second.before != nullptr &&
-        cu()->cuEventElapsedTime(&elapsed, first.event, second.before) == CUDA_SUCCESS &&
-        elapsed >= 0.0f) {
-      double ms = elapsed;
-      if (!second.gpu_was_busy) {
-        ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
-      }
-      if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
-        g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
-      }
+    if (!second.gpu_was_busy) {
+      ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
     }
-    give_event(g, first.event, first.timed);
-    give_event(g, first.before, true);
-    st.asleep_marks.pop_front();
-  }
+    if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
+      g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
+    }
+  });
 }
 
 }  // namespace

@@ -255,9 +255,23 @@ void give_event(Gate& g, CUevent e, bool timed);
 bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out, bool timed);
 // An event recorded on `stream` now, before a barrier (mu held); null where it could not be.
 CUevent record_before(Gate& g, CUstream stream);
-// Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(ms, later)`
-// gets the GPU time between two marks the GPU ran through back to back (the first still pending
-// when the later was put), where the first is timed.
+// The GPU time (ms) from `first` to `second`: from a timed first mark's event to the timed
+// event before the second's barrier (or to the second's own event, where that is timed and no
+// event comes before its barrier); -1 where it cannot be told (mu held, both complete).
+inline double span_ms(const Mark& first, const Mark& second) {
+  const CUevent end = second.before != nullptr ? second.before
+                      : second.timed          ? second.event
+                                              : nullptr;
+  float ms = 0.0f;
+  if (!first.timed || end == nullptr ||
+      cu()->cuEventElapsedTime(&ms, first.event, end) != CUDA_SUCCESS || ms < 0.0f) {
+    return -1.0;
+  }
+  return ms;
+}
+// Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(first,
+// second)` sees each retired mark with the one after it, which the GPU has completed too
+// (span_ms tells the GPU time between them).
 template <class Span>
 void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
   while (marks.size() > 1) {
@@ -266,14 +280,7 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
     if (cu()->cuEventQuery(second.event) != CUDA_SUCCESS) {
       return;
     }
-    float ms = 0.0f;
-    const CUevent end = second.before != nullptr ? second.before
-                        : second.timed          ? second.event
-                                                : nullptr;
-    if (first.timed && end != nullptr && second.gpu_was_busy &&
-        cu()->cuEventElapsedTime(&ms, first.event, end) == CUDA_SUCCESS && ms >= 0.0f) {
-      span(ms, second);
-    }
+    span(first, second);
     give_event(g, first.event, first.timed);
     give_event(g, first.before, true);
     marks.pop_front();

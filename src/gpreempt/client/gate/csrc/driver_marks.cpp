@@ -189,10 +189,14 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
 namespace {
 
 // Retires the stream's completed marks, learning the GPU time per launch from the spans the
-// GPU ran back to back.
+// GPU ran back to back (the first mark still pending when the later was put).
 void reap(Gate& g, StreamState& st) {
-  retire_marks(g, st.marks, [&](float ms, const Mark& later) {
-    if (later.launches == 0) {
+  retire_marks(g, st.marks, [&](const Mark& first, const Mark& later) {
+    if (!later.gpu_was_busy || later.launches == 0) {
+      return;
+    }
+    const double ms = span_ms(first, later);
+    if (ms < 0.0) {
       return;
     }
     const double ns = ms * 1e6 / static_cast<double>(later.launches);
