@@ -27,6 +27,7 @@ from gpreempt.cli.selftest import (
     _job_command,
     _start_daemon,
 )
+from gpreempt.client.gate.config import SLOW_GATE_NOTICE
 from gpreempt.mechanisms.kfd_abi import KFD_DEVICE
 
 NO_GPU = not Path("/dev/nvidiactl").exists() and not Path(KFD_DEVICE).exists()
@@ -130,7 +131,7 @@ def test_a_gate_job_that_does_not_start_fails_with_its_barriers_row(monkeypatch)
 def test_a_gate_without_its_cpp_part_says_so_in_its_barriers_row(tmp_path) -> None:
     # the Python gate puts no stream barriers: the row says why there were none, not "off?"
     log = tmp_path / "job.log"
-    line = "gpreempt: using the slow Python launch gate (no C++ compiler ('c++' is not on PATH))"
+    line = f"{SLOW_GATE_NOTICE} (no C++ compiler ('c++' is not on PATH))"
     log.write_text(f"starting\n{line}\nstep 1\n")
     assert selftest_module._slow_gate(log) == line
     log.write_text("starting\nstep 1\n")

@@ -282,8 +282,10 @@ def _check_driver_gate(row: Row, runtime: Path, name: str) -> None:
 def _slow_gate(log: Path) -> str:
     """The job's line saying that its gate is the Python one, which puts no stream barriers
     (its C++ part could not be built: the line says why); "" if it has none."""
+    from ..client.gate.config import SLOW_GATE_NOTICE
+
     for line in log.read_text(errors="replace").splitlines():
-        if "using the slow Python launch gate" in line:
+        if SLOW_GATE_NOTICE in line:
             return line.strip()
     return ""
 

@@ -24,6 +24,9 @@ ENV_OPEN_WINDOW_MS = "GPREEMPT_GATE_OPEN_WINDOW_MS"
 ENV_MODE = "GPREEMPT_GATE_MODE"
 ENV_HOLD_MS = "GPREEMPT_GATE_HOLD_MS"
 ENV_NATIVE = "GPREEMPT_GATE_NATIVE"
+#: The line a process prints where its gate is the Python fallback (its C++ part could not be
+#: built), before the reason; ``gpreempt selftest`` looks for it.
+SLOW_GATE_NOTICE = "gpreempt: using the slow Python launch gate"
 ENV_OP_COSTS = "GPREEMPT_GATE_OP_COSTS"
 ENV_BARRIER_MS = "GPREEMPT_GATE_BARRIER_MS"
 

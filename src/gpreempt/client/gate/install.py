@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from ...control_block import ControlBlock
-from .config import ENV_NATIVE, GateConfig
+from .config import ENV_NATIVE, SLOW_GATE_NOTICE, GateConfig
 from .fallback import PythonGate
 from .native import NativeGate
 from .torch_patches import TorchPatches, cuda_initialized
@@ -185,7 +185,7 @@ def install_gate(control: ControlBlock, config: GateConfig, *, prefer_native: bo
                 impl = NativeGate(load_native(), control, config)
             except NativeGateUnavailable as exc:
                 print(
-                    f"gpreempt: using the slow Python launch gate ({exc})",
+                    f"{SLOW_GATE_NOTICE} ({exc})",
                     file=sys.stderr,
                     flush=True,
                 )
