@@ -82,7 +82,7 @@ void asleep_barriers(Gate& g, int64_t now) {
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
-    CUevent before = ends_span ? record_before(g, stream) : nullptr;
+    CUevent before = ends_span ? record_before(g, stream, true) : nullptr;
     if (!put_barrier(g, ctl, stream)) {
       give_event(g, before, true);
       continue;  // its context went away, say: the next try is a millisecond away

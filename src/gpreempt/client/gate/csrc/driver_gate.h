@@ -83,6 +83,9 @@ struct Mark {
   // otherwise): the span to it is the launches' GPU time alone, without the time the barrier
   // held the stream
   CUevent before = nullptr;
+  // an untimed event before the barrier where `before` is null and a barrier was put awake:
+  // while it (or `before`) is pending, the GPU has not reached the barrier (driver_verify.cpp)
+  CUevent fence = nullptr;
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
@@ -96,12 +99,30 @@ enum class Words : uint8_t {
   kPair,      // requests and auto_active, adjacent, in one 64-bit wait: both must be 0
 };
 
+// A barrier's last wait's word, read at one moment: raised or not, and the activity epoch.
+struct WordLook {
+  bool valid = false;
+  bool raised = false;
+  uint32_t epoch = 0;
+};
+
 // The last wait of a mark's barrier, for the check that barriers hold (driver_verify.cpp):
 // the GPU passes the barrier when it passes that wait. Null list: no barrier.
 struct BarrierNote {
   const WatchList* list = nullptr;  // the watch list the barrier waited on
   uint8_t block = 0;                // the block of its last wait, in that list
   Words words = Words::kRequests;   // what that wait read
+  // that word, read at the last moment the GPU was known not to have reached the barrier: just
+  // before it was put, then at each look that found the event before it pending
+  WordLook unpassed;
+};
+
+// The watched words at one moment: bit i of `requests` / `active`: block i's word raised.
+struct WatchSample {
+  const WatchList* list = nullptr;
+  uint32_t requests = 0;
+  uint32_t active = 0;
+  uint32_t epochs[kMaxWatched] = {};
 };
 // Marks remembered per stream for that check (a mark retired before it is checked keeps its
 // note until kNotes more marks were put).
@@ -121,7 +142,6 @@ struct StreamState {
   uint64_t next_seq = 0;            // the seq of its next mark
   std::array<BarrierNote, kNotes> notes{};  // by seq % kNotes
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
-  uint64_t verified_round = 0;      // that check's look (driver_verify.cpp)
 };
 
 struct Gate {
@@ -245,16 +265,17 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
 // Appends mark `m` to the stream's marks, numbered, with its barrier's note (mu held).
 void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 // The barrier on `stream` (mu held): waits on the GPU for this gate's word and the watched
-// tasks' activity words; `note` (if given) says what its last wait is. False where it could
-// not be put.
+// tasks' activity words; `note` (if given) says what its last wait is, and what its word read
+// just before. False where it could not be put.
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
 CUevent take_event(Gate& g, bool timed);
 void give_event(Gate& g, CUevent e, bool timed);
 // An event recorded on `stream` now, as the next of `marks`, timed or not (mu held): false
 // where it could not be recorded.
 bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out, bool timed);
-// An event recorded on `stream` now, before a barrier (mu held); null where it could not be.
-CUevent record_before(Gate& g, CUstream stream);
+// An event recorded on `stream` now, before a barrier, timed or not (mu held); null where it
+// could not be.
+CUevent record_before(Gate& g, CUstream stream, bool timed);
 // The GPU time (ms) from `first` to `second`: from a timed first mark's event to the timed
 // event before the second's barrier (or to the second's own event, where that is timed and no
 // event comes before its barrier); -1 where it cannot be told (mu held, both complete).
@@ -283,6 +304,7 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
     span(first, second);
     give_event(g, first.event, first.timed);
     give_event(g, first.before, true);
+    give_event(g, first.fence, false);
     marks.pop_front();
   }
 }
@@ -311,9 +333,13 @@ bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 
 // driver_verify.cpp
+// The watched words of `list` now (any thread).
+WatchSample sample_words(const WatchList* list);
+// The word of `note`'s last wait in `s`; not valid where `s` is of another watch list.
+WordLook look_of(const BarrierNote& note, const WatchSample& s);
 // Called by the background thread while the gate is awake: counts in barrier_leaks each look
-// that finds this process's GPU work past a barrier whose last wait's word stayed raised.
-// `on`: false while it is asleep or holds no barriers (the check starts afresh after).
+// that finds this process's GPU work past a barrier whose last wait's word stayed raised from
+// before the GPU reached the barrier. `on`: false while it is asleep or holds no barriers.
 void verify_barriers(Gate& g, bool on);
 
 // driver_channel.cpp

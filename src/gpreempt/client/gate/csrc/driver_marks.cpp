@@ -135,14 +135,14 @@ unsigned barrier_waits(Gate& g, uint8_t* ctl, const WatchList* list, bool pairs,
     const auto block = static_cast<uint8_t>(i);
     if (!hinted && pairs) {
       ops[n++] = wait_pair_op(requests);
-      *last = BarrierNote{list, block, Words::kPair};
+      *last = BarrierNote{list, block, Words::kPair, WordLook{}};
       continue;
     }
     ops[n++] = wait_op(requests, 0, CU_STREAM_WAIT_VALUE_EQ);
-    *last = BarrierNote{list, block, Words::kRequests};
+    *last = BarrierNote{list, block, Words::kRequests, WordLook{}};
     if (!hinted) {
       ops[n++] = wait_op(requests + 4, 0, CU_STREAM_WAIT_VALUE_EQ);
-      *last = BarrierNote{list, block, Words::kActive};
+      *last = BarrierNote{list, block, Words::kActive, WordLook{}};
     }
   }
   return n;
@@ -164,6 +164,11 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   if (n == 0) {
     return false;
   }
+  // read before the GPU can see the waits: until then it cannot have passed them
+  WatchSample words;
+  if (note != nullptr && list != nullptr) {
+    words = sample_words(list);
+  }
   CUresult r = queue_waits(g, stream, ops.data(), n);
   if (rejected(r) && has_pair(ops.data(), n)) {
     // a driver without 64-bit waits: each word in a wait of its own from now on
@@ -176,6 +181,7 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   }
   if (note != nullptr) {
     *note = last;
+    note->unpassed = look_of(last, words);
   }
   return true;
 }
@@ -235,10 +241,10 @@ bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* 
   return true;
 }
 
-CUevent record_before(Gate& g, CUstream stream) {
-  CUevent e = take_event(g, true);
+CUevent record_before(Gate& g, CUstream stream, bool timed) {
+  CUevent e = take_event(g, timed);
   if (e != nullptr && cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, e, true);
+    give_event(g, e, timed);
     return nullptr;
   }
   return e;
@@ -254,9 +260,14 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const bool ends_span = !st.marks.empty() && st.marks.back().timed;
   BarrierNote note;
   CUevent before = nullptr;
+  CUevent fence = nullptr;
   if (barriers_hold(g, ctl)) {
+    // an event before the barrier either way: the check that barriers hold knows by it that
+    // the GPU has not reached the barrier yet (driver_verify.cpp)
     if (ends_span) {
-      before = record_before(g, stream);
+      before = record_before(g, stream, true);
+    } else {
+      fence = record_before(g, stream, false);
     }
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
@@ -273,9 +284,11 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   Mark m;
   if (!record_mark(g, stream, st.marks, &m, timed)) {
     give_event(g, before, true);
+    give_event(g, fence, false);
     return;
   }
   m.before = before;
+  m.fence = fence;
   m.launches = st.since_mark;
   push_mark(st, m, note);
   st.since_mark = 0;
@@ -307,8 +320,10 @@ void forget_stream(CUstream stream) {
   }
   for (Mark& m : it->second.marks) {
     cu()->cuEventDestroy(m.event);  // released once its work completed
-    if (m.before != nullptr) {
-      cu()->cuEventDestroy(m.before);
+    for (CUevent e : {m.before, m.fence}) {
+      if (e != nullptr) {
+        cu()->cuEventDestroy(e);
+      }
     }
   }
   drop_asleep_marks(it->second);

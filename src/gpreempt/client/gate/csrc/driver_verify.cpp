@@ -2,19 +2,25 @@
 //
 // A barrier is a row of waits on host words (this gate's word, then each watched task's
 // requests and, unless it marks requests, auto_active: both in one 64-bit wait, which passes
-// once both are 0); the event recorded right behind it
-// completes when the GPU has passed its last wait. The gate's thread looks every quarter
-// millisecond, while awake, at which marks completed since its last look, and at the watched
-// words. A word that read raised at two looks with the same activity epoch (bumped by every
-// rise, gate_words.h) stayed raised in between: a mark that completed between the look before
-// the first of them and the second, behind a barrier whose last wait is on that word, passed
-// a wait whose word never dropped. That is a leak: it is counted in the control block's
-// barrier_leaks, and the daemon then no longer trusts the gate (backstop_plan.py).
+// once both are 0). An event before it (its mark's `before` or `fence`) completes when the GPU
+// has run the work before it, and only then does the GPU read the words (the GPU runs a
+// stream's commands in order: benchmarks/driver_gate/wait_order.py); the mark's event behind it
+// completes once the GPU has passed its last wait.
 //
-// The looks order matters: the marks are queried before the words are read, so the words'
-// looks enclose the moments the GPU could have passed. A word dropping and rising again
-// between two looks (a server between two requests) changes the epoch: its barrier may pass
-// then, and is not counted.
+// The check brackets the moment the GPU passed a barrier between two reads of that wait's
+// word: one at a moment it had not reached the barrier yet (just before the barrier was put,
+// then at each look that finds the event before it pending: the word is read first, the event
+// queried after), the other at the look that finds its mark complete (the mark queried first,
+// the word read after). A word read raised at both with the same activity epoch (bumped by
+// every rise, gate_words.h) stayed raised in between: the GPU passed a wait whose word never
+// dropped. That is a leak: it is counted in the control block's barrier_leaks, and the daemon
+// then no longer trusts the gate (backstop_plan.py). The gate's thread looks every quarter
+// millisecond while awake.
+//
+// A mark still pending does not date the pass: the GPU may run other contexts for a time slice
+// between passing a barrier and completing the event behind it, and a word raised meanwhile
+// was down when the GPU read it. So the bracket's first read is taken while the event before
+// the barrier is pending, or before the barrier was put.
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -23,20 +29,10 @@
 
 namespace gpreempt_driver {
 
-namespace {
-
-// The watched words at one look.
-struct WatchSample {
-  const WatchList* list = nullptr;
-  uint32_t requests = 0;  // bit i: block i's requests raised
-  uint32_t active = 0;    // bit i: its auto_active raised
-  uint32_t epochs[kMaxWatched] = {};
-};
-
-WatchSample sample(const WatchList* list) {
+WatchSample sample_words(const WatchList* list) {
   WatchSample s;
   s.list = list;
-  for (size_t i = 0; i < list->n; ++i) {
+  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
     const uint8_t* b = list->blocks[i];
     // the words before the epoch: a rise seen here comes with its bump (gate_words.h)
     const auto* words = reinterpret_cast<const uint32_t*>(b);
@@ -51,31 +47,32 @@ WatchSample sample(const WatchList* list) {
   return s;
 }
 
-// Whether the word of `note`'s last wait read raised, with one epoch, at every look of `looks`.
-bool stayed_raised(const BarrierNote& note, const WatchSample* const* looks, size_t n) {
-  if (note.list == nullptr) {
-    return false;
+WordLook look_of(const BarrierNote& note, const WatchSample& s) {
+  WordLook look;
+  if (note.list == nullptr || s.list != note.list) {
+    return look;
   }
-  const uint32_t bit = 1u << note.block;
-  for (size_t j = 0; j < n; ++j) {
-    const WatchSample& s = *looks[j];
-    const uint32_t raised = note.words == Words::kRequests ? s.requests
-                            : note.words == Words::kActive ? s.active
-                                                           : s.requests | s.active;
-    if (s.list != note.list || s.epochs[note.block] != looks[0]->epochs[note.block] ||
-        (raised & bit) == 0) {
-      return false;
-    }
-  }
-  return true;
+  const uint32_t raised = note.words == Words::kRequests ? s.requests
+                          : note.words == Words::kActive ? s.active
+                                                         : s.requests | s.active;
+  look.valid = true;
+  look.raised = (raised & (1u << note.block)) != 0;
+  look.epoch = s.epochs[note.block];
+  return look;
 }
 
-// The gate's thread alone calls verify_barriers: the two looks before this one, the count of
-// looks, and the first look of the present row of looks taken while the check was on.
-WatchSample before_last, last;
-uint64_t look = 0;
-uint64_t row_start = 0;
-bool in_row = false;
+namespace {
+
+// Whether the word of `note`'s last wait stayed raised from before the GPU reached the barrier
+// until `now`, read after its mark completed.
+bool stayed_raised(const BarrierNote& note, const WatchSample& now) {
+  const WordLook later = look_of(note, now);
+  return note.unpassed.valid && note.unpassed.raised && later.valid && later.raised &&
+         later.epoch == note.unpassed.epoch;
+}
+
+// The event before a mark's barrier, if it has one.
+CUevent event_before(const Mark& m) { return m.before != nullptr ? m.before : m.fence; }
 
 }  // namespace
 
@@ -83,18 +80,11 @@ void verify_barriers(Gate& g, bool on) {
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
   const WatchList* list = g.watch.load(std::memory_order_acquire);
   if (!on || ctl == nullptr || list == nullptr || list->n == 0 || !barriers_hold(g, ctl)) {
-    in_row = false;  // the next look starts a new row
     return;
-  }
-  ++look;
-  if (!in_row) {
-    in_row = true;
-    row_start = look;
   }
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
-  // the marks first: which completed since the last look (their barriers passed meanwhile)
-  bool leaked = false;
+  // the marks first: which completed since the last look (their barriers passed before now)
   static std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, first pending mark)
   passed.clear();
   for (auto& [stream, st] : g.streams) {
@@ -108,21 +98,38 @@ void verify_barriers(Gate& g, bool on) {
     }
     passed.emplace_back(&st, pending);
   }
-  // then the words: with the two looks before, they enclose every moment a mark passed
-  const WatchSample now = sample(list);
-  const WatchSample* looks[] = {&before_last, &last, &now};
+  // then the words
+  const WatchSample now = sample_words(list);
+  bool leaked = false;
   for (auto [st, pending] : passed) {
-    if (look >= row_start + 2 && st->verified_round == look - 1) {
-      const uint64_t oldest_note = st->next_seq > kNotes ? st->next_seq - kNotes : 0;
-      for (uint64_t seq = std::max(st->verified_from, oldest_note); seq < pending; ++seq) {
-        leaked = leaked || stayed_raised(st->notes[seq % kNotes], looks, 3);
+    const uint64_t oldest_note = st->next_seq > kNotes ? st->next_seq - kNotes : 0;
+    for (uint64_t seq = std::max(st->verified_from, oldest_note); seq < pending; ++seq) {
+      leaked = leaked || stayed_raised(st->notes[seq % kNotes], now);
+    }
+    st->verified_from = std::max(st->verified_from, pending);
+  }
+  // last, the barriers the GPU has not reached yet: from the first whose event before it is
+  // pending (queried after the words were read), every later one on its stream
+  for (auto [st, pending] : passed) {
+    const CurrentContext current(st->context);
+    bool reached = true;
+    for (const Mark& m : st->marks) {
+      if (m.seq < pending || st->next_seq - m.seq > kNotes) {
+        continue;
+      }
+      if (reached) {
+        const CUevent e = event_before(m);
+        reached = e == nullptr || cu()->cuEventQuery(e) != CUDA_ERROR_NOT_READY;
+      }
+      if (!reached) {
+        BarrierNote& note = st->notes[m.seq % kNotes];
+        const WordLook look = look_of(note, now);
+        if (look.valid) {
+          note.unpassed = look;
+        }
       }
     }
-    st->verified_from = pending;
-    st->verified_round = look;
   }
-  before_last = last;
-  last = now;
   if (leaked) {
     __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffBarrierLeaks), 1u,
                        __ATOMIC_RELAXED);
