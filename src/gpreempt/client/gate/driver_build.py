@@ -30,6 +30,7 @@ SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
 HEADERS = (
     CSRC / "driver_gate.h",
     CSRC / "asleep_drain.h",
+    CSRC / "barrier_check.h",
     CSRC / "control_layout.h",
     CSRC / "gate_words.h",
 )

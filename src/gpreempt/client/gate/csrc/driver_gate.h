@@ -33,6 +33,7 @@
 
 #include "control_layout.h"
 #include "asleep_drain.h"
+#include "barrier_check.h"
 #include "gate_words.h"
 
 namespace gpreempt_driver {
@@ -92,38 +93,6 @@ struct Mark {
   int64_t recorded_ns = 0;    // when it was put (asleep marks)
 };
 
-// Which of a watched block's activity words a wait reads.
-enum class Words : uint8_t {
-  kRequests,  // requests alone (the task marks its requests: auto_active is not read)
-  kActive,    // auto_active alone (where the pair cannot be read in one wait)
-  kPair,      // requests and auto_active, adjacent, in one 64-bit wait: both must be 0
-};
-
-// A barrier's last wait's word, read at one moment: raised or not, and the activity epoch.
-struct WordLook {
-  bool valid = false;
-  bool raised = false;
-  uint32_t epoch = 0;
-};
-
-// The last wait of a mark's barrier, for the check that barriers hold (driver_verify.cpp):
-// the GPU passes the barrier when it passes that wait. Null list: no barrier.
-struct BarrierNote {
-  const WatchList* list = nullptr;  // the watch list the barrier waited on
-  uint8_t block = 0;                // the block of its last wait, in that list
-  Words words = Words::kRequests;   // what that wait read
-  // that word, read at the last moment the GPU was known not to have reached the barrier: just
-  // before it was put, then at each look that found the event before it pending
-  WordLook unpassed;
-};
-
-// The watched words at one moment: bit i of `requests` / `active`: block i's word raised.
-struct WatchSample {
-  const WatchList* list = nullptr;
-  uint32_t requests = 0;
-  uint32_t active = 0;
-  uint32_t epochs[kMaxWatched] = {};
-};
 // Marks remembered per stream for that check (a mark retired before it is checked keeps its
 // note until kNotes more marks were put).
 constexpr size_t kNotes = 256;
@@ -332,11 +301,7 @@ void forget_asleep_marks(Gate& g);
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 
-// driver_verify.cpp
-// The watched words of `list` now (any thread).
-WatchSample sample_words(const WatchList* list);
-// The word of `note`'s last wait in `s`; not valid where `s` is of another watch list.
-WordLook look_of(const BarrierNote& note, const WatchSample& s);
+// driver_verify.cpp (its rule: barrier_check.h)
 // Called by the background thread while the gate is awake: counts in barrier_leaks each look
 // that finds this process's GPU work past a barrier whose last wait's word stayed raised from
 // before the GPU reached the barrier. `on`: false while it is asleep or holds no barriers.

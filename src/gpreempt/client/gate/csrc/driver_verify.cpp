@@ -3,24 +3,21 @@
 // A barrier is a row of waits on host words (this gate's word, then each watched task's
 // requests and, unless it marks requests, auto_active: both in one 64-bit wait, which passes
 // once both are 0). An event before it (its mark's `before` or `fence`) completes when the GPU
-// has run the work before it, and only then does the GPU read the words (the GPU runs a
-// stream's commands in order: benchmarks/driver_gate/wait_order.py); the mark's event behind it
-// completes once the GPU has passed its last wait.
+// has run the work before it, and only then does the GPU read the words
+// (benchmarks/driver_gate/wait_order.py); the mark's event behind it completes once the GPU has
+// passed its last wait.
 //
-// The check brackets the moment the GPU passed a barrier between two reads of that wait's
-// word: one at a moment it had not reached the barrier yet (just before the barrier was put,
-// then at each look that finds the event before it pending: the word is read first, the event
-// queried after), the other at the look that finds its mark complete (the mark queried first,
-// the word read after). A word read raised at both with the same activity epoch (bumped by
-// every rise, gate_words.h) stayed raised in between: the GPU passed a wait whose word never
-// dropped. That is a leak: it is counted in the control block's barrier_leaks, and the daemon
-// then no longer trusts the gate (backstop_plan.py). The gate's thread looks every quarter
-// millisecond while awake.
+// The last wait's word is read just before the barrier is put, then at each look that finds
+// the event before it pending (the word read first, the event queried after); and once more at
+// the look that finds its mark complete (the mark queried first, the word read after). Where
+// the first and the last read find the word raised with one epoch, the GPU passed a wait whose
+// word never dropped (barrier_check.h). That is a leak: it is counted in the control block's
+// barrier_leaks, and the daemon then no longer trusts the gate (backstop_plan.py). The gate's
+// thread looks every quarter millisecond while awake.
 //
 // A mark still pending does not date the pass: the GPU may run other contexts for a time slice
 // between passing a barrier and completing the event behind it, and a word raised meanwhile
-// was down when the GPU read it. So the bracket's first read is taken while the event before
-// the barrier is pending, or before the barrier was put.
+// was down when the GPU read it.
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -29,47 +26,7 @@
 
 namespace gpreempt_driver {
 
-WatchSample sample_words(const WatchList* list) {
-  WatchSample s;
-  s.list = list;
-  for (size_t i = 0; list != nullptr && i < list->n; ++i) {
-    const uint8_t* b = list->blocks[i];
-    // the words before the epoch: a rise seen here comes with its bump (gate_words.h)
-    const auto* words = reinterpret_cast<const uint32_t*>(b);
-    if (__atomic_load_n(words + kOffRequests / 4, __ATOMIC_ACQUIRE) != 0) {
-      s.requests |= 1u << i;
-    }
-    if (__atomic_load_n(words + kOffAutoActive / 4, __ATOMIC_ACQUIRE) != 0) {
-      s.active |= 1u << i;
-    }
-    s.epochs[i] = load32(b, kOffActivityEpoch);
-  }
-  return s;
-}
-
-WordLook look_of(const BarrierNote& note, const WatchSample& s) {
-  WordLook look;
-  if (note.list == nullptr || s.list != note.list) {
-    return look;
-  }
-  const uint32_t raised = note.words == Words::kRequests ? s.requests
-                          : note.words == Words::kActive ? s.active
-                                                         : s.requests | s.active;
-  look.valid = true;
-  look.raised = (raised & (1u << note.block)) != 0;
-  look.epoch = s.epochs[note.block];
-  return look;
-}
-
 namespace {
-
-// Whether the word of `note`'s last wait stayed raised from before the GPU reached the barrier
-// until `now`, read after its mark completed.
-bool stayed_raised(const BarrierNote& note, const WatchSample& now) {
-  const WordLook later = look_of(note, now);
-  return note.unpassed.valid && note.unpassed.raised && later.valid && later.raised &&
-         later.epoch == note.unpassed.epoch;
-}
 
 // The event before a mark's barrier, if it has one.
 CUevent event_before(const Mark& m) { return m.before != nullptr ? m.before : m.fence; }
@@ -104,7 +61,7 @@ void verify_barriers(Gate& g, bool on) {
   for (auto [st, pending] : passed) {
     const uint64_t oldest_note = st->next_seq > kNotes ? st->next_seq - kNotes : 0;
     for (uint64_t seq = std::max(st->verified_from, oldest_note); seq < pending; ++seq) {
-      leaked = leaked || stayed_raised(st->notes[seq % kNotes], now);
+      leaked = leaked || passed_while_raised(st->notes[seq % kNotes], now);
     }
     st->verified_from = std::max(st->verified_from, pending);
   }

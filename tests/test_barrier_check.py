@@ -1,0 +1,137 @@
+"""The rule of the driver-level gate's check that stream barriers hold (``barrier_check.h``),
+run on the CPU: a watched task's control-block words written as the gates write them, read
+where the check reads them, and the verdict on each barrier."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpreempt.client.gate.driver_build import CSRC
+
+# One watched task's control block. Reads commands, one a line:
+#   requests N / active N   the task writes that word (a rise bumps the epoch, gate_words.h)
+#   put KIND                a barrier whose last wait reads requests, active or the pair, put
+#                           now (its word read just before)
+#   pending                 a look finds the event before that barrier pending
+#   relist                  the daemon publishes a new watch list (the same block)
+#   done                    a look finds the mark behind the barrier complete: prints
+#                           "leak" or "held"
+PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include "barrier_check.h"
+using namespace gpreempt_driver;
+int main() {
+  alignas(8) static uint8_t block[gpreempt_layout::kSize] = {};
+  WatchList lists[2];
+  for (WatchList& l : lists) { l.n = 1; l.blocks[0] = block; l.version = 1; }
+  const WatchList* list = &lists[0];
+  BarrierNote note;
+  char line[64], kind[16];
+  unsigned value = 0;
+  while (std::fgets(line, sizeof line, stdin)) {
+    if (std::sscanf(line, "requests %u", &value) == 1) {
+      gpreempt_words::set_activity_word(block, gpreempt_layout::kOffRequests, value);
+    } else if (std::sscanf(line, "active %u", &value) == 1) {
+      gpreempt_words::set_activity_word(block, gpreempt_layout::kOffAutoActive, value);
+    } else if (std::sscanf(line, "put %15s", kind) == 1) {
+      note = BarrierNote{};
+      note.list = list;
+      note.words = std::strcmp(kind, "requests") == 0 ? Words::kRequests
+                   : std::strcmp(kind, "active") == 0 ? Words::kActive
+                                                      : Words::kPair;
+      note.unpassed = look_of(note, sample_words(list));
+    } else if (std::strncmp(line, "pending", 7) == 0) {
+      const WordLook look = look_of(note, sample_words(list));
+      if (look.valid) note.unpassed = look;
+    } else if (std::strncmp(line, "relist", 6) == 0) {
+      list = &lists[1];
+    } else if (std::strncmp(line, "done", 4) == 0) {
+      std::printf("%s\n", passed_while_raised(note, sample_words(list)) ? "leak" : "held");
+    } else {
+      return 2;
+    }
+  }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The rule compiled, as the gate compiles it, into a program of its own."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C++ compiler ({compiler!r})")
+    work = tmp_path_factory.mktemp("barrier_check")
+    (work / "main.cpp").write_text(PROGRAM)
+    binary = work / "check"
+    subprocess.run(
+        [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", "main.cpp", "-o",
+         str(binary)],
+        cwd=work, check=True,
+    )  # fmt: skip
+    return binary
+
+
+def verdicts(binary: Path, *commands: str) -> list[str]:
+    """The verdict of each ``done`` among ``commands``, run in order."""
+    out = subprocess.run(
+        [binary], input="".join(c + "\n" for c in commands), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out
+    return out.stdout.split()
+
+
+def test_a_barrier_put_while_the_server_was_active_and_passed_so_leaked(check: Path) -> None:
+    assert verdicts(check, "active 1", "put pair", "done") == ["leak"]
+    assert verdicts(check, "requests 1", "put requests", "done") == ["leak"]
+    assert verdicts(check, "requests 1", "put pair", "done") == ["leak"]
+
+
+def test_a_barrier_reached_after_the_server_rose_and_passed_so_leaked(check: Path) -> None:
+    """Put while the server was idle, the trainer's queue still ahead of it when the server
+    rose: the look that finds the event before the barrier pending reads the word raised."""
+    assert verdicts(check, "put pair", "active 1", "pending", "done") == ["leak"]
+
+
+def test_a_barrier_reached_before_the_server_rose_did_not_leak(check: Path) -> None:
+    """The GPU reached it while the server was idle and passed it then; the event behind it
+    completed after the server rose (another context's time slice in between). The word,
+    raised at two looks before the mark was seen complete, did not stay raised through the
+    pass: the rule the check had before counted this as a leak."""
+    assert verdicts(check, "put pair", "pending", "active 1", "done") == ["held"]
+
+
+def test_a_server_that_dropped_and_rose_again_in_between_let_it_pass(check: Path) -> None:
+    commands = ("active 1", "put pair", "active 0", "active 1", "done")
+    assert verdicts(check, *commands) == ["held"]
+    commands = ("requests 1", "put requests", "requests 0", "requests 2", "done")
+    assert verdicts(check, *commands) == ["held"]
+
+
+def test_a_word_down_when_the_mark_completed_proves_nothing(check: Path) -> None:
+    assert verdicts(check, "active 1", "put pair", "active 0", "done") == ["held"]
+
+
+def test_a_wait_on_requests_alone_does_not_read_auto_active(check: Path) -> None:
+    """A task that marks its requests: its launches' activity holds nothing."""
+    assert verdicts(check, "active 1", "put requests", "done") == ["held"]
+
+
+def test_a_new_watch_list_proves_nothing_about_a_barrier_put_on_the_old(check: Path) -> None:
+    assert verdicts(check, "active 1", "put pair", "relist", "done") == ["held"]
+
+
+def test_each_barrier_is_judged_on_its_own(check: Path) -> None:
+    commands = (
+        *("put pair", "pending", "active 1", "done"),  # reached before the rise
+        *("put pair", "done"),  # put while raised
+        *("active 0", "put pair", "done"),  # put while idle, passed while idle
+    )
+    assert verdicts(check, *commands) == ["held", "leak", "held"]
