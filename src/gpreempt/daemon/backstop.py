@@ -272,8 +272,10 @@ class Backstop:
                 if task is not None:
                     self._failed.add(task_id)
                     self._lock_failed.add(task_id)  # signals may take its place
-                    if refused:
-                        self._lock_refused.add(task_id)
+                    if refused:  # kept for the tasks still registered only
+                        self._lock_refused = {
+                            t for t in self._lock_refused if t in self.registry.tasks
+                        } | {task_id}
                         error += "; not tried again on this task"
                     self.events.write(
                         "error",
