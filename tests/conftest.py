@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,25 @@ def load_script(relative: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def build_gate_rule(work: Path, program: str) -> Path:
+    """``program`` (C++ that includes a header of the gate's ``csrc``) compiled in ``work`` as
+    the gate compiles it, warnings as errors: the binary; the test is skipped without a
+    compiler (``CXX``, else ``c++``)."""
+    from gpreempt.client.gate.driver_build import CSRC
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C++ compiler ({compiler!r})")
+    (work / "main.cpp").write_text(program)
+    binary = work / "rule"
+    subprocess.run(
+        [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", "main.cpp", "-o",
+         str(binary)],
+        cwd=work, check=True,
+    )  # fmt: skip
+    return binary
 
 
 def gp_env(runtime_dir: Path) -> dict[str, str]:

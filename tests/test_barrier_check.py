@@ -4,14 +4,11 @@ where the check reads them, and the verdict on each barrier."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-
-from gpreempt.client.gate.driver_build import CSRC
+from conftest import build_gate_rule
 
 # One watched task's control block. Reads commands, one a line:
 #   requests N / active N   the task writes that word (a rise bumps the epoch, gate_words.h)
@@ -65,18 +62,7 @@ int main() {
 @pytest.fixture(scope="module")
 def check(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The rule compiled, as the gate compiles it, into a program of its own."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        pytest.skip(f"no C++ compiler ({compiler!r})")
-    work = tmp_path_factory.mktemp("barrier_check")
-    (work / "main.cpp").write_text(PROGRAM)
-    binary = work / "check"
-    subprocess.run(
-        [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", "main.cpp", "-o",
-         str(binary)],
-        cwd=work, check=True,
-    )  # fmt: skip
-    return binary
+    return build_gate_rule(tmp_path_factory.mktemp("barrier_check"), PROGRAM)
 
 
 def verdicts(binary: Path, *commands: str) -> list[str]:

@@ -4,14 +4,11 @@ report them."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-
-from gpreempt.client.gate.driver_build import CSRC
+from conftest import build_gate_rule
 
 # Reads "SPAN_MS NOW_NS" lines, learns each, prints "VERDICT WAIT_MS EVERY_NS" per line; a line
 # "reset" forgets what was learned.
@@ -43,18 +40,7 @@ MS = 1_000_000  # ns
 @pytest.fixture(scope="module")
 def drain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The rule compiled, as the gate compiles it, into a program of its own."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        pytest.skip(f"no C++ compiler ({compiler!r})")
-    work = tmp_path_factory.mktemp("drain")
-    (work / "main.cpp").write_text(PROGRAM)
-    binary = work / "drain"
-    subprocess.run(
-        [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", "main.cpp", "-o",
-         str(binary)],
-        cwd=work, check=True,
-    )  # fmt: skip
-    return binary
+    return build_gate_rule(tmp_path_factory.mktemp("drain"), PROGRAM)
 
 
 def learn(binary: Path, spans: list[tuple[float, int] | str]) -> list[tuple[str, float, int]]:
