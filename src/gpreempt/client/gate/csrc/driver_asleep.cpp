@@ -82,19 +82,20 @@ void asleep_barriers(Gate& g, int64_t now) {
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
-    CUevent before = ends_span ? record_before(g, stream, true) : nullptr;
+    CUevent before = ends_span ? record_before(g, st.context, stream, true) : nullptr;
     if (!put_barrier(g, ctl, stream)) {
-      give_event(g, before, true);
+      give_event(g, st.context, before, true);
       continue;  // its context went away, say: the next try is a millisecond away
     }
     add64(ctl, kOffDriverBarriers, 1);
     Mark m;
-    if (record_mark(g, stream, st.asleep_marks, &m, st.asleep_count++ % kAsleepTimedEvery == 0)) {
+    if (record_mark(g, st.context, stream, st.asleep_marks, &m,
+                    st.asleep_count++ % kAsleepTimedEvery == 0)) {
       m.before = before;
       m.recorded_ns = now;
       st.asleep_marks.push_back(m);
     } else {
-      give_event(g, before, true);
+      give_event(g, st.context, before, true);
     }
   }
 }
@@ -130,8 +131,8 @@ void forget_asleep_marks(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
   for (auto& [stream, st] : g.streams) {
     for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
-      give_event(g, m.event, m.timed);
-      give_event(g, m.before, true);
+      give_event(g, m.context, m.event, m.timed);
+      give_event(g, m.context, m.before, true);
     }
     st.asleep_marks.clear();
     st.drain.reset();

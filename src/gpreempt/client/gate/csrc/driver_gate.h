@@ -78,6 +78,7 @@ constexpr uint64_t kTimedEvery = 32;
 
 // One barrier's event and the launches of its span.
 struct Mark {
+  CUcontext context = nullptr;  // its events' context (a stream's, at its record)
   CUevent event = nullptr;  // behind the mark's barrier: the GPU got past it
   bool timed = false;       // `event` keeps a timestamp: a span starts there
   // a timed event before the barrier, put where the previous mark's `event` is timed (null
@@ -131,8 +132,10 @@ struct Gate {
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<CUstream, StreamState> streams;
-  std::deque<CUevent> spare_events;  // timed
-  std::deque<CUevent> spare_plain;   // untimed (CU_EVENT_DISABLE_TIMING)
+  // events to use again, per context: an event can be recorded only on a stream of its own
+  // device (a process may drive several GPUs)
+  std::unordered_map<CUcontext, std::deque<CUevent>> spare_events;  // timed
+  std::unordered_map<CUcontext, std::deque<CUevent>> spare_plain;   // untimed
   std::atomic<bool> batch_ok{true};  // cuStreamBatchMemOp puts a barrier's waits in one call
   std::atomic<bool> pair_ok{true};   // the driver takes 64-bit waits (Words::kPair)
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
@@ -237,14 +240,18 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 // tasks' activity words; `note` (if given) says what its last wait is, and what its word read
 // just before. False where it could not be put.
 bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nullptr);
-CUevent take_event(Gate& g, bool timed);
-void give_event(Gate& g, CUevent e, bool timed);
-// An event recorded on `stream` now, as the next of `marks`, timed or not (mu held): false
-// where it could not be recorded.
-bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out, bool timed);
-// An event recorded on `stream` now, before a barrier, timed or not (mu held); null where it
-// could not be.
-CUevent record_before(Gate& g, CUstream stream, bool timed);
+// An event of context `ctx`, which must be current, from the spares or new (mu held); null
+// where none could be created.
+CUevent take_event(Gate& g, CUcontext ctx, bool timed);
+// Back to `ctx`'s spares (mu held); nothing for null.
+void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed);
+// An event recorded on `stream` (of context `ctx`, current) now, as the next of `marks`, timed
+// or not (mu held): false where it could not be recorded.
+bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>& marks,
+                 Mark* out, bool timed);
+// An event recorded on `stream` (of context `ctx`, current) now, before a barrier, timed or
+// not (mu held); null where it could not be.
+CUevent record_before(Gate& g, CUcontext ctx, CUstream stream, bool timed);
 // The GPU time (ms) from `first` to `second`: from a timed first mark's event to the timed
 // event before the second's barrier (or to the second's own event, where that is timed and no
 // event comes before its barrier); -1 where it cannot be told (mu held, both complete).
@@ -271,9 +278,9 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
       return;
     }
     span(first, second);
-    give_event(g, first.event, first.timed);
-    give_event(g, first.before, true);
-    give_event(g, first.fence, false);
+    give_event(g, first.context, first.event, first.timed);
+    give_event(g, first.context, first.before, true);
+    give_event(g, first.context, first.fence, false);
     marks.pop_front();
   }
 }

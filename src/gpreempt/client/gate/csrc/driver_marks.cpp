@@ -16,8 +16,8 @@ bool capturing(CUstream stream) {
 }
 
 
-CUevent take_event(Gate& g, bool timed) {
-  std::deque<CUevent>& spare = timed ? g.spare_events : g.spare_plain;
+CUevent take_event(Gate& g, CUcontext ctx, bool timed) {
+  std::deque<CUevent>& spare = (timed ? g.spare_events : g.spare_plain)[ctx];
   if (!spare.empty()) {
     CUevent e = spare.back();
     spare.pop_back();
@@ -30,9 +30,9 @@ CUevent take_event(Gate& g, bool timed) {
              : nullptr;
 }
 
-void give_event(Gate& g, CUevent e, bool timed) {
+void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed) {
   if (e != nullptr) {
-    (timed ? g.spare_events : g.spare_plain).push_back(e);
+    (timed ? g.spare_events : g.spare_plain)[ctx].push_back(e);
   }
 }
 
@@ -226,13 +226,15 @@ double in_flight_ns(const StreamState& st) {
 
 }  // namespace
 
-bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* out, bool timed) {
-  CUevent e = take_event(g, timed);
+bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>& marks,
+                 Mark* out, bool timed) {
+  CUevent e = take_event(g, ctx, timed);
   if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, e, timed);
+    give_event(g, ctx, e, timed);
     return false;
   }
   *out = Mark{};
+  out->context = ctx;
   out->event = e;
   out->timed = timed;
   // only a span that starts at a timed mark is learned: the query is for that one
@@ -241,10 +243,10 @@ bool record_mark(Gate& g, CUstream stream, const std::deque<Mark>& marks, Mark* 
   return true;
 }
 
-CUevent record_before(Gate& g, CUstream stream, bool timed) {
-  CUevent e = take_event(g, timed);
+CUevent record_before(Gate& g, CUcontext ctx, CUstream stream, bool timed) {
+  CUevent e = take_event(g, ctx, timed);
   if (e != nullptr && cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, e, timed);
+    give_event(g, ctx, e, timed);
     return nullptr;
   }
   return e;
@@ -265,9 +267,9 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
     // an event before the barrier either way: the check that barriers hold knows by it that
     // the GPU has not reached the barrier yet (driver_verify.cpp)
     if (ends_span) {
-      before = record_before(g, stream, true);
+      before = record_before(g, st.context, stream, true);
     } else {
-      fence = record_before(g, stream, false);
+      fence = record_before(g, st.context, stream, false);
     }
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
@@ -282,9 +284,9 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const bool timed = st.ns_per_launch == 0.0 || st.next_seq % kTimedEvery == 0 ||
                      (ends_span && before == nullptr);
   Mark m;
-  if (!record_mark(g, stream, st.marks, &m, timed)) {
-    give_event(g, before, true);
-    give_event(g, fence, false);
+  if (!record_mark(g, st.context, stream, st.marks, &m, timed)) {
+    give_event(g, st.context, before, true);
+    give_event(g, st.context, fence, false);
     return;
   }
   m.before = before;
@@ -343,7 +345,7 @@ bool work_done(Gate& g) {
     const CurrentContext current(st.context);
     Mark m;
     if (st.dirty && !capturing(stream)) {
-      if (record_mark(g, stream, st.marks, &m, false)) {
+      if (record_mark(g, st.context, stream, st.marks, &m, false)) {
         m.launches = st.since_mark;
         m.gpu_was_busy = false;  // a burst's tail: no span the GPU ran through to learn from
         push_mark(st, m, BarrierNote{});
