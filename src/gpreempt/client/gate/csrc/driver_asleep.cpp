@@ -70,7 +70,8 @@ void asleep_barriers(Gate& g, int64_t now) {
     return;
   }
   const RelaxedCapture relaxed;
-  for (auto& [stream, st] : g.streams) {
+  for (auto& [key, st] : g.streams) {
+    const CUstream stream = key.stream;
     const CurrentContext current(st.context);
     learn_spans(g, st, now);
     if (now < st.asleep_next_ns || st.asleep_marks.size() >= kAsleepMarksMax ||
@@ -129,7 +130,7 @@ void drop_asleep_marks(StreamState& st) {
 
 void forget_asleep_marks(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
-  for (auto& [stream, st] : g.streams) {
+  for (auto& [key, st] : g.streams) {
     for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
       give_event(g, m.context, m.event, m.timed);
       give_event(g, m.context, m.before, true);

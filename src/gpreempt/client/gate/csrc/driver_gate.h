@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
@@ -98,6 +99,28 @@ struct Mark {
 // note until kNotes more marks were put).
 constexpr size_t kNotes = 256;
 
+// A stream as the gate knows it. A stream the program created is one in the process; the
+// default streams (null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) are one per context, and a
+// process that drives several GPUs launches on each device's under one handle: their context
+// is part of the key.
+struct StreamKey {
+  CUcontext context = nullptr;  // null for a stream the program created
+  CUstream stream = nullptr;
+  bool operator==(const StreamKey& o) const {
+    return context == o.context && stream == o.stream;
+  }
+};
+struct StreamKeyHash {
+  size_t operator()(const StreamKey& k) const {
+    return std::hash<const void*>()(k.stream) * 31 + std::hash<const void*>()(k.context);
+  }
+};
+inline StreamKey stream_key(CUcontext context, CUstream stream) {
+  const bool per_context =
+      stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+  return StreamKey{per_context ? context : nullptr, stream};
+}
+
 struct StreamState {
   CUcontext context = nullptr;
   uint64_t since_mark = 0;     // launches since the last mark
@@ -131,7 +154,7 @@ struct Gate {
   std::atomic<int> captures{0};            // stream captures under way in the process
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts
-  std::unordered_map<CUstream, StreamState> streams;
+  std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;
   // events to use again, per context: an event can be recorded only on a stream of its own
   // device (a process may drive several GPUs)
   std::unordered_map<CUcontext, std::deque<CUevent>> spare_events;  // timed

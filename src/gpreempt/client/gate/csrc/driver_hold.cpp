@@ -155,7 +155,7 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   }
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
-  auto [it, fresh] = g.streams.try_emplace(stream);
+  auto [it, fresh] = g.streams.try_emplace(stream_key(data->context, stream));
   StreamState& st = it->second;
   if (fresh) {
     st.context = data->context;

@@ -316,7 +316,7 @@ void forget_stream(CUstream stream) {
   Gate& g = gate();
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
-  auto it = g.streams.find(stream);
+  auto it = g.streams.find(stream_key(nullptr, stream));  // a stream the program created
   if (it == g.streams.end()) {
     return;
   }
@@ -341,7 +341,8 @@ bool work_done(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
   const RelaxedCapture relaxed;
   bool done = true;
-  for (auto& [stream, st] : g.streams) {
+  for (auto& [key, st] : g.streams) {
+    const CUstream stream = key.stream;
     const CurrentContext current(st.context);
     Mark m;
     if (st.dirty && !capturing(stream)) {

@@ -44,7 +44,7 @@ void verify_barriers(Gate& g, bool on) {
   // the marks first: which completed since the last look (their barriers passed before now)
   static std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, first pending mark)
   passed.clear();
-  for (auto& [stream, st] : g.streams) {
+  for (auto& [key, st] : g.streams) {
     const CurrentContext current(st.context);
     uint64_t pending = st.next_seq;
     for (const Mark& m : st.marks) {
