@@ -15,7 +15,6 @@ bool capturing(CUstream stream) {
          status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-
 CUevent take_event(Gate& g, CUcontext ctx, bool timed) {
   std::deque<CUevent>& spare = (timed ? g.spare_events : g.spare_plain)[ctx];
   if (!spare.empty()) {
@@ -165,10 +164,7 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
     return false;
   }
   // read before the GPU can see the waits: until then it cannot have passed them
-  WatchSample words;
-  if (note != nullptr && list != nullptr) {
-    words = sample_words(list);
-  }
+  const WatchSample words = note != nullptr ? sample_words(list) : WatchSample{};
   CUresult r = queue_waits(g, stream, ops.data(), n);
   if (rejected(r) && has_pair(ops.data(), n)) {
     // a driver without 64-bit waits: each word in a wait of its own from now on
@@ -310,7 +306,6 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
     reap(g, st);
   }
 }
-
 
 void forget_stream(CUstream stream) {
   Gate& g = gate();
