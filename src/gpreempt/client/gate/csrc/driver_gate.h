@@ -1,4 +1,4 @@
-// The driver-level launch gate: what its three files share.
+// The driver-level launch gate: what its files share.
 //
 // The CUDA driver loads this library into every process of a task that `gpreempt run` starts
 // (CUDA_INJECTION64_PATH) and calls InitializeInjection at cuInit. From there CUPTI's callback
@@ -7,9 +7,13 @@
 // CuPy, JAX, TensorFlow or a C++ program. The gate then does what the PyTorch operator gate does
 // for operators, for every launch:
 //   * driver_hold.cpp: wait while the control block's gate_closed says so (or a watched, more
-//     important task is active and no stream barrier holds this task), count launches, put
-//     stream barriers (waits on the gate word, on the GPU) on each stream it sees, spaced by
-//     the GPU time they hold, and bound the work in flight;
+//     important task is active and no stream barrier holds this task), count launches;
+//   * driver_marks.cpp: stream barriers (waits on the gate word, on the GPU) on each stream it
+//     sees, spaced by the GPU time they hold, events behind them, and the bound on the work in
+//     flight;
+//   * driver_activity.cpp: a process that preempts others publishes its activity from its
+//     launches, and drops it once its streams drained;
+//   * driver_verify.cpp: the check that the barriers hold;
 //   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
 //     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
 //     the functions the Python client calls (ctypes);
@@ -23,6 +27,7 @@
 #include <cuda.h>
 #include <cupti.h>
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <array>
 #include <atomic>
@@ -76,6 +81,9 @@ constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 // takes two. With a mark every 0.2 ms of GPU time, one in 32 still learns the GPU time per
 // launch every few milliseconds, for 0.1 us a mark.
 constexpr uint64_t kTimedEvery = 32;
+// How often a launch that waits for its stream's work in flight to fall within the window looks
+// again (bound_wait).
+constexpr long kBoundPollNs = 50 * 1000;
 
 // One barrier's event and the launches of its span.
 struct Mark {
@@ -100,25 +108,31 @@ struct Mark {
 constexpr size_t kNotes = 256;
 
 // A stream as the gate knows it. A stream the program created is one in the process; the
-// default streams (null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) are one per context, and a
-// process that drives several GPUs launches on each device's under one handle: their context
-// is part of the key.
+// legacy default stream (null, CU_STREAM_LEGACY) is one per context, and a process that drives
+// several GPUs launches on each device's under one handle; the per-thread default stream is one
+// per context and thread. So their context (and thread) are part of the key.
 struct StreamKey {
   CUcontext context = nullptr;  // null for a stream the program created
   CUstream stream = nullptr;
+  uintptr_t thread = 0;  // the launching thread's, for the per-thread default stream
   bool operator==(const StreamKey& o) const {
-    return context == o.context && stream == o.stream;
+    return context == o.context && stream == o.stream && thread == o.thread;
   }
 };
 struct StreamKeyHash {
   size_t operator()(const StreamKey& k) const {
-    return std::hash<const void*>()(k.stream) * 31 + std::hash<const void*>()(k.context);
+    const std::hash<uintptr_t> h;
+    return (h(reinterpret_cast<uintptr_t>(k.stream)) * 31 +
+            h(reinterpret_cast<uintptr_t>(k.context))) * 31 + h(k.thread);
   }
 };
+// The key of `stream`, launched on by this thread with `context` current.
 inline StreamKey stream_key(CUcontext context, CUstream stream) {
-  const bool per_context =
-      stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
-  return StreamKey{per_context ? context : nullptr, stream};
+  if (stream == CU_STREAM_PER_THREAD) {
+    return StreamKey{context, stream, static_cast<uintptr_t>(pthread_self())};
+  }
+  const bool legacy = stream == nullptr || stream == CU_STREAM_LEGACY;
+  return StreamKey{legacy ? context : nullptr, stream, 0};
 }
 
 struct StreamState {
@@ -255,8 +269,18 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data);
 
 // driver_marks.cpp
 bool capturing(CUstream stream);
-// Marks `stream` after a launch (mu held): a barrier where one holds, an event, the window.
-void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
+// Marks `stream` after a launch (mu held): a barrier where one holds, and an event; true where
+// its work in flight then exceeds the window (the caller waits, bound_wait, once mu is let go).
+bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
+// Waits until the stream's work in flight is within the window again (mu not held: the stream
+// is looked up and its marks queried under mu every kBoundPollNs, the GIL let go throughout).
+// A wait under mu held every other thread's launches, and the GIL on the way out: a deadlock
+// where another thread held the GIL, or launched work that the awaited kernels wait for (a
+// collective across the GPUs of one process).
+void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key);
+// Retires the stream's completed marks, learning the GPU time per launch from the spans the
+// GPU ran back to back (the first mark still pending when the later was put) (mu held).
+void reap(Gate& g, StreamState& st);
 // Appends mark `m` to the stream's marks, numbered, with its barrier's note (mu held).
 void push_mark(StreamState& st, Mark m, const BarrierNote& note);
 // The barrier on `stream` (mu held): waits on the GPU for this gate's word and the watched

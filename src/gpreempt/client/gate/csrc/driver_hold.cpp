@@ -154,17 +154,24 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
     return;
   }
   const Guard guard;
-  std::lock_guard<std::mutex> lock(g.mu);
-  auto [it, fresh] = g.streams.try_emplace(stream_key(data->context, stream));
-  StreamState& st = it->second;
-  if (fresh) {
-    st.context = data->context;
-    store32(ctl, kOffDriverStreams, static_cast<uint32_t>(g.streams.size()));
+  const StreamKey key = stream_key(data->context, stream);
+  bool over_window = false;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    auto [it, fresh] = g.streams.try_emplace(key);
+    StreamState& st = it->second;
+    if (fresh) {
+      st.context = data->context;
+      store32(ctl, kOffDriverStreams, static_cast<uint32_t>(g.streams.size()));
+    }
+    st.dirty = true;
+    ++st.since_mark;
+    if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
+      over_window = mark(g, ctl, stream, st);
+    }
   }
-  st.dirty = true;
-  ++st.since_mark;
-  if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
-    mark(g, ctl, stream, st);
+  if (over_window) {
+    bound_wait(g, ctl, key);
   }
 }
 

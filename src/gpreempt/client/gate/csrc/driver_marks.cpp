@@ -1,7 +1,6 @@
 // The driver-level gate's marks on each stream: a stream barrier where one holds, an event
 // behind it that tells when the GPU got there, the GPU time per launch learned from those events
-// (it spaces the barriers), the bound on the work in flight; and the activity check of a task
-// that preempts others (its streams drained).
+// (it spaces the barriers), and the bound on the work in flight.
 #include <algorithm>
 #include <array>
 
@@ -188,10 +187,6 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
   st.marks.push_back(m);
 }
 
-namespace {
-
-// Retires the stream's completed marks, learning the GPU time per launch from the spans the
-// GPU ran back to back (the first mark still pending when the later was put).
 void reap(Gate& g, StreamState& st) {
   retire_marks(g, st.marks, [&](const Mark& first, const Mark& later) {
     if (!later.gpu_was_busy || later.launches == 0) {
@@ -212,12 +207,19 @@ void reap(Gate& g, StreamState& st) {
   });
 }
 
-double in_flight_ns(const StreamState& st) {
+namespace {
+
+// Whether the stream's work in flight (its launches since its oldest pending mark, at the
+// learned GPU time per launch) exceeds the window.
+bool over_window(const Gate& g, const StreamState& st) {
+  if (st.ns_per_launch <= 0 || st.marks.size() < 2) {
+    return false;
+  }
   uint64_t launches = st.since_mark;
   for (size_t i = 1; i < st.marks.size(); ++i) {
     launches += st.marks[i].launches;
   }
-  return static_cast<double>(launches) * st.ns_per_launch;
+  return static_cast<double>(launches) * st.ns_per_launch > g.cfg.window_ms * 1e6;
 }
 
 }  // namespace
@@ -253,7 +255,7 @@ CUevent record_before(Gate& g, CUcontext ctx, CUstream stream, bool timed) {
 // which the next mark ends with a timed event before its barrier: the time a barrier held the
 // stream (for a server's request) is no GPU time of the launches, and counted as such it would
 // shrink the barriers' spacing and the window.
-void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
+bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed;
   const bool ends_span = !st.marks.empty() && st.marks.back().timed;
   BarrierNote note;
@@ -283,7 +285,8 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   if (!record_mark(g, st.context, stream, st.marks, &m, timed)) {
     give_event(g, st.context, before, true);
     give_event(g, st.context, fence, false);
-    return;
+    st.since_mark = 0;  // not a barrier at every launch until a mark can be recorded
+    return false;
   }
   m.before = before;
   m.fence = fence;
@@ -291,19 +294,32 @@ void mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   push_mark(st, m, note);
   st.since_mark = 0;
   reap(g, st);
-  for (bool counted = false; st.ns_per_launch > 0 && st.marks.size() > 1 &&
-                            in_flight_ns(st) > g.cfg.window_ms * 1e6;
-       counted = true) {
-    if (!counted) {
-      __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
-                         __ATOMIC_RELAXED);
-    }
-    CUevent oldest = st.marks[1].event;
+  return over_window(g, st);
+}
+
+void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key) {
+  const NoGil nogil;  // for the whole wait: mu is never held while the GIL is awaited
+  for (bool counted = false;; counted = true) {
     {
-      NoGil nogil;
-      cu()->cuEventSynchronize(oldest);
+      std::lock_guard<std::mutex> lock(g.mu);
+      auto it = g.streams.find(key);
+      if (it == g.streams.end()) {
+        return;  // the stream is gone
+      }
+      StreamState& st = it->second;
+      const CurrentContext current(st.context);
+      const RelaxedCapture relaxed;
+      reap(g, st);
+      if (!over_window(g, st)) {
+        return;
+      }
+      if (!counted) {
+        __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffDriverBoundWaits), 1u,
+                           __ATOMIC_RELAXED);
+      }
     }
-    reap(g, st);
+    timespec pause{0, kBoundPollNs};
+    nanosleep(&pause, nullptr);
   }
 }
 
@@ -325,74 +341,6 @@ void forget_stream(CUstream stream) {
   }
   drop_asleep_marks(it->second);
   g.streams.erase(it);
-}
-
-namespace {
-
-// Whether the GPU has completed everything the process launched: an event behind each
-// stream's last launch, recorded once per burst of launches, is queried.
-bool work_done(Gate& g) {
-  const Guard guard;
-  std::lock_guard<std::mutex> lock(g.mu);
-  const RelaxedCapture relaxed;
-  bool done = true;
-  for (auto& [key, st] : g.streams) {
-    const CUstream stream = key.stream;
-    const CurrentContext current(st.context);
-    Mark m;
-    if (st.dirty && !capturing(stream)) {
-      if (record_mark(g, st.context, stream, st.marks, &m, false)) {
-        m.launches = st.since_mark;
-        m.gpu_was_busy = false;  // a burst's tail: no span the GPU ran through to learn from
-        push_mark(st, m, BarrierNote{});
-        st.since_mark = 0;
-      }
-      st.dirty = false;
-    }
-    if (!st.marks.empty() && cu()->cuEventQuery(st.marks.back().event) == CUDA_ERROR_NOT_READY) {
-      done = false;
-    }
-    reap(g, st);
-  }
-  return done;
-}
-
-}  // namespace
-
-void check_idle(Gate& g, int64_t now) {
-  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || g.active.load() == 0) {
-    g.quiet_since_ns = 0;
-    return;
-  }
-  const int64_t grace = static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6);
-  const int64_t last = g.last_launch_ns.load(std::memory_order_acquire);
-  const bool quiet = g.quiet_since_ns != 0 && last < g.quiet_since_ns;
-  if (!quiet && now - last < grace) {
-    g.quiet_since_ns = 0;
-    return;  // it launched within the grace: nothing to look at yet (nor to record behind)
-  }
-  if (quiet && now - g.quiet_since_ns < grace) {
-    return;  // its work completed, nothing launched since: the grace runs
-  }
-  if (!work_done(g)) {
-    g.quiet_since_ns = 0;
-    return;
-  }
-  if (!quiet) {
-    g.quiet_since_ns = now;  // first seen done with everything launched so far
-  }
-  if (now - g.quiet_since_ns < grace || g.active.exchange(0) == 0) {
-    return;
-  }
-  g.quiet_since_ns = 0;
-  set_activity_word(ctl, kOffAutoActive, 0);
-  if (g.last_launch_ns.load(std::memory_order_acquire) > now) {
-    // a launch came in meanwhile, and saw the gate still active: it stays active
-    g.active.store(1);
-    set_activity_word(ctl, kOffAutoActive, 1);
-  }
-  ring(g);
 }
 
 }  // namespace gpreempt_driver

@@ -41,6 +41,7 @@ void verify_barriers(Gate& g, bool on) {
   }
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
+  const RelaxedCapture relaxed;
   // the marks first: which completed since the last look (their barriers passed before now)
   static std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, first pending mark)
   passed.clear();
