@@ -192,10 +192,10 @@ Gate& gate();
   X(cuEventElapsedTime)                                                                \
   X(cuEventQuery)                                                                      \
   X(cuEventRecord)                                                                     \
-  X(cuEventSynchronize)                                                                \
   X(cuMemHostGetDevicePointer)                                                         \
   X(cuMemHostRegister)                                                                 \
   X(cuStreamBatchMemOp)                                                                \
+  X(cuStreamGetCtx)                                                                    \
   X(cuStreamIsCapturing)                                                               \
   X(cuStreamQuery)                                                                     \
   X(cuStreamWaitValue32)                                                               \

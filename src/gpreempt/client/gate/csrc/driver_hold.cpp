@@ -161,12 +161,18 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
     auto [it, fresh] = g.streams.try_emplace(key);
     StreamState& st = it->second;
     if (fresh) {
-      st.context = data->context;
+      // a created stream's own context: a copy may be queued on another device's stream
+      CUcontext own = nullptr;
+      st.context = key.context == nullptr && key.stream != nullptr &&
+                           cu()->cuStreamGetCtx(stream, &own) == CUDA_SUCCESS && own != nullptr
+                       ? own
+                       : data->context;
       store32(ctl, kOffDriverStreams, static_cast<uint32_t>(g.streams.size()));
     }
     st.dirty = true;
     ++st.since_mark;
     if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
+      const CurrentContext current(st.context);  // its events are of the stream's context
       over_window = mark(g, ctl, stream, st);
     }
   }
