@@ -148,6 +148,12 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   if (ctl == nullptr || !launch_stream(cbid, data->functionParams, &stream)) {
     return;
   }
+  // a launch the driver refused (a bad stream, say) queued nothing: no mark, and no barrier
+  // that would fail there and turn the barriers off for good
+  const auto* result = static_cast<const CUresult*>(data->functionReturnValue);
+  if (result != nullptr && *result != CUDA_SUCCESS) {
+    return;
+  }
   const bool activity = g.cfg.auto_activity && !g.cfg.torch_gate;
   const bool bounded = g.cfg.bound && g.cfg.barrier_us > 0 && load32(ctl, kOffWindowShareUs) != 0;
   if (!activity && !bounded) {
