@@ -91,8 +91,7 @@ def test_timeslices_of_4_to_1_progress_4_to_1(
     # switch a few milliseconds (a signal and the daemon's timer). The daemon's turns are read
     # from its events (how long each ran between its resume and its suspend): 4 to 1 within
     # 15 %. The counters' progress, read per cycle of the two slices and the median taken, also
-    # carries how the machine shared its core meanwhile (3.24 once on a loaded two-core
-    # machine): 4 to 1 within 25 %
+    # carries how a loaded two-core machine shared its core meanwhile: 4 to 1 within 25 %
     core = last_core()
     a = start(runtime_dir, counter_script, a_out, "--name", "a", "--timeslice-ms", "400", core=core)
     b = start(runtime_dir, counter_script, b_out, "--name", "b", "--timeslice-ms", "100", core=core)

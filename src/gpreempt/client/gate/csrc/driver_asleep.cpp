@@ -41,7 +41,7 @@ bool nothing_to_hold(CUstream stream) {
 // reached the first before the second was put (it may have idled that long). The stream's
 // AsleepDrain (asleep_drain.h) says when its barriers come denser or the gate wakes.
 void learn_spans(Gate& g, StreamState& st, int64_t now) {
-  retire_marks(g, st.asleep_marks, [&](const Mark& first, const Mark& second) {
+  retire_marks(g, st.context, st.asleep_marks, [&](const Mark& first, const Mark& second) {
     double ms = span_ms(first, second);
     if (ms < 0.0) {
       return;
@@ -83,7 +83,7 @@ void asleep_barriers(Gate& g, int64_t now) {
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
-    CUevent before = ends_span ? record_before(g, st.context, stream, true) : nullptr;
+    CUevent before = ends_span ? record_event(g, st.context, stream, true) : nullptr;
     if (!put_barrier(g, ctl, stream)) {
       give_event(g, st.context, before, true);
       continue;  // its context went away, say: the next try is a millisecond away
@@ -132,8 +132,8 @@ void forget_asleep_marks(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
   for (auto& [key, st] : g.streams) {
     for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
-      give_event(g, m.context, m.event, m.timed);
-      give_event(g, m.context, m.before, true);
+      give_event(g, st.context, m.event, m.timed);
+      give_event(g, st.context, m.before, true);
     }
     st.asleep_marks.clear();
     st.drain.reset();

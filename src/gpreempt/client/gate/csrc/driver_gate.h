@@ -87,7 +87,6 @@ constexpr long kBoundPollNs = 50 * 1000;
 
 // One barrier's event and the launches of its span.
 struct Mark {
-  CUcontext context = nullptr;  // its events' context (a stream's, at its record)
   CUevent event = nullptr;  // behind the mark's barrier: the GPU got past it
   bool timed = false;       // `event` keeps a timestamp: a span starts there
   // a timed event before the barrier, put where the previous mark's `event` is timed (null
@@ -292,13 +291,13 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nul
 CUevent take_event(Gate& g, CUcontext ctx, bool timed);
 // Back to `ctx`'s spares (mu held); nothing for null.
 void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed);
+// An event recorded on `stream` (of context `ctx`, current) now, timed or not (mu held); null
+// where it could not be.
+CUevent record_event(Gate& g, CUcontext ctx, CUstream stream, bool timed);
 // An event recorded on `stream` (of context `ctx`, current) now, as the next of `marks`, timed
 // or not (mu held): false where it could not be recorded.
 bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>& marks,
                  Mark* out, bool timed);
-// An event recorded on `stream` (of context `ctx`, current) now, before a barrier, timed or
-// not (mu held); null where it could not be.
-CUevent record_before(Gate& g, CUcontext ctx, CUstream stream, bool timed);
 // The GPU time (ms) from `first` to `second`: from a timed first mark's event to the timed
 // event before the second's barrier (or to the second's own event, where that is timed and no
 // event comes before its barrier); -1 where it cannot be told (mu held, both complete).
@@ -313,11 +312,11 @@ inline double span_ms(const Mark& first, const Mark& second) {
   }
   return ms;
 }
-// Retires `marks`' completed marks, oldest first, all but the last (mu held); `span(first,
-// second)` sees each retired mark with the one after it, which the GPU has completed too
-// (span_ms tells the GPU time between them).
+// Retires `marks`' completed marks (of a stream of context `ctx`), oldest first, all but the
+// last (mu held); `span(first, second)` sees each retired mark with the one after it, which
+// the GPU has completed too (span_ms tells the GPU time between them).
 template <class Span>
-void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
+void retire_marks(Gate& g, CUcontext ctx, std::deque<Mark>& marks, Span span) {
   while (marks.size() > 1) {
     const Mark& first = marks[0];
     const Mark& second = marks[1];
@@ -325,9 +324,9 @@ void retire_marks(Gate& g, std::deque<Mark>& marks, Span span) {
       return;
     }
     span(first, second);
-    give_event(g, first.context, first.event, first.timed);
-    give_event(g, first.context, first.before, true);
-    give_event(g, first.context, first.fence, false);
+    give_event(g, ctx, first.event, first.timed);
+    give_event(g, ctx, first.before, true);
+    give_event(g, ctx, first.fence, false);
     marks.pop_front();
   }
 }

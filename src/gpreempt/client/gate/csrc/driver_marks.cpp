@@ -188,7 +188,7 @@ void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
 }
 
 void reap(Gate& g, StreamState& st) {
-  retire_marks(g, st.marks, [&](const Mark& first, const Mark& later) {
+  retire_marks(g, st.context, st.marks, [&](const Mark& first, const Mark& later) {
     if (!later.gpu_was_busy || later.launches == 0) {
       return;
     }
@@ -224,30 +224,28 @@ bool over_window(const Gate& g, const StreamState& st) {
 
 }  // namespace
 
-bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>& marks,
-                 Mark* out, bool timed) {
-  CUevent e = take_event(g, ctx, timed);
-  if (e == nullptr || cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
-    give_event(g, ctx, e, timed);
-    return false;
-  }
-  *out = Mark{};
-  out->context = ctx;
-  out->event = e;
-  out->timed = timed;
-  // only a span that starts at a timed mark is learned: the query is for that one
-  out->gpu_was_busy = !marks.empty() && marks.back().timed &&
-                      cu()->cuEventQuery(marks.back().event) != CUDA_SUCCESS;
-  return true;
-}
-
-CUevent record_before(Gate& g, CUcontext ctx, CUstream stream, bool timed) {
+CUevent record_event(Gate& g, CUcontext ctx, CUstream stream, bool timed) {
   CUevent e = take_event(g, ctx, timed);
   if (e != nullptr && cu()->cuEventRecord(e, stream) != CUDA_SUCCESS) {
     give_event(g, ctx, e, timed);
     return nullptr;
   }
   return e;
+}
+
+bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>& marks,
+                 Mark* out, bool timed) {
+  CUevent e = record_event(g, ctx, stream, timed);
+  if (e == nullptr) {
+    return false;
+  }
+  *out = Mark{};
+  out->event = e;
+  out->timed = timed;
+  // only a span that starts at a timed mark is learned: the query is for that one
+  out->gpu_was_busy = !marks.empty() && marks.back().timed &&
+                      cu()->cuEventQuery(marks.back().event) != CUDA_SUCCESS;
+  return true;
 }
 
 // Mark the stream: a barrier where one holds, an event behind it, and the window enforced. One
@@ -265,9 +263,9 @@ bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
     // an event before the barrier either way: the check that barriers hold knows by it that
     // the GPU has not reached the barrier yet (driver_verify.cpp)
     if (ends_span) {
-      before = record_before(g, st.context, stream, true);
+      before = record_event(g, st.context, stream, true);
     } else {
-      fence = record_before(g, st.context, stream, false);
+      fence = record_event(g, st.context, stream, false);
     }
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
