@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from conftest import gp_env, wait_for
 
+from gpreempt.client.connection import DaemonClient
 from gpreempt.client.ranks import rank_gpu
 from gpreempt.daemon.task import Task
 from gpreempt.daemon.task_identity import TaskIdentity
@@ -57,8 +62,19 @@ def test_a_gpu_a_rank_added_goes_when_the_rank_does() -> None:
     assert task.gpus == (0,)
 
 
+def test_a_gpu_two_processes_added_stays_until_both_are_gone() -> None:
+    task = _task((0,))
+    assert task.add_gpu(1, 7) and task.add_gpu(2, 7)  # one process, two GPUs
+    assert not task.add_gpu(1, 8)  # another process on one of them: not new
+    assert not task.add_gpu(0, 8)  # registered on it
+    task.drop_rank(7)
+    assert task.gpus == (0, 1)
+    task.drop_rank(8)
+    assert task.gpus == (0,)
+
+
 def test_a_rank_names_only_a_gpu_its_process_can_use(tmp_path) -> None:
-    from gpreempt.daemon.handlers import can_use_gpu
+    from gpreempt.procinfo import can_use_gpu
 
     nodes = {n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()}
     if not nodes:
@@ -72,3 +88,48 @@ def test_a_task_counts_no_more_gpus_than_a_registration_may_name() -> None:
     task = _task(tuple(range(MAX_GPUS)))
     task.add_gpu(MAX_GPUS + 5, 1)
     assert len(task.gpus) == MAX_GPUS
+
+
+DRIVES_GPUS = """
+import struct, sys
+from gpreempt.client.connection import DaemonClient
+from gpreempt.control import OFF_DEVICES
+from gpreempt.control_block import ControlBlock
+block = ControlBlock.create()
+client = DaemonClient.connect(sys.argv[1])
+client.open_channel(block.memfd, block.doorbell, register={"priority": "low", "name": "dp"})
+print("ready", flush=True)
+for line in sys.stdin:  # the GPUs its driver-level gate saw a context made on, as it writes them
+    struct.pack_into("<Q", block._map, OFF_DEVICES, sum(1 << int(g) for g in line.split()))
+    block.ring()
+    print("rung", flush=True)
+"""
+
+
+def test_a_process_that_drives_several_gpus_counts_its_task_on_each(
+    daemon, runtime_dir: Path
+) -> None:
+    """The driver-level gate names the GPUs its process made a context on: the daemon counts
+    the task on each (registered on GPU 0 by default) while the process lives."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVES_GPUS, str(runtime_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gp_env(runtime_dir),
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+
+        def gpus() -> list[int]:
+            with DaemonClient.connect(runtime_dir) as client:
+                tasks = client.status()["tasks"]
+            return next(t["gpus"] for t in tasks if t["name"] == "dp")
+
+        assert gpus() == [0]
+        for line, expected in (("0", [0]), ("0 1 3", [0, 1, 3])):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "rung"
+            assert wait_for(lambda expected=expected: gpus() == expected, 5), gpus()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)

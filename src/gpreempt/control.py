@@ -7,8 +7,8 @@ which happens per request, not per launch.
 
 The block itself -- a memfd and its doorbell, how the client makes it and how the daemon
 checks and adopts it -- is :class:`gpreempt.control_block.ControlBlock`; this module holds
-its layout, the rules that read its words, and the read-only views of the blocks a gate
-watches.
+its layout, the rules that read its words, the client's counters as the daemon reads them
+(:class:`ControlStats`), and the read-only views of the blocks a gate watches.
 
 A gate the daemon closed only because a task it watches (:class:`ActivityView`, a read-only
 mapping of that task's block; ``gpreempt.policy.watch``) is active resumes by itself the
@@ -17,7 +17,7 @@ moment none is, without waiting for the daemon to notice and open it: the daemon
 a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
 daemon (:func:`released_by_watch`).
 
-Layout (little endian, 128 bytes; ``client/gate/csrc/control_layout.h`` repeats it for the C++
+Layout (little endian, 136 bytes; ``client/gate/csrc/control_layout.h`` repeats it for the C++
 gates, and a test checks every constant there against this table):
 
 ======  =====  ==================================================================
@@ -71,6 +71,10 @@ offset  type   meaning
 124     u32    marker: what marks the process's requests without code (client):
                0 none, 1 ``asgi`` (an ASGI server's requests), 2 ``grpc`` (a gRPC
                server's), 3 ``generate`` (Hugging Face generate calls); :data:`MARKERS`
+128     u64    devices: bit N set once the process made a CUDA context on the GPU of
+               physical index N (the driver-level gate; the index read through
+               ``CUDA_VISIBLE_DEVICES`` as for ranks, bits 0-63): the daemon counts
+               the task on each such GPU it can use (client)
 ======  =====  ==================================================================
 """
 
@@ -78,9 +82,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from typing import Any
 
-SIZE = 128
+SIZE = 136
 
 OFF_GATE_CLOSED = 0
 OFF_GENERATION = 4
@@ -116,6 +121,8 @@ OFF_MARKER = 124
 #: ``marker`` word -> the name ``status`` gives it.
 MARKERS = {1: "asgi", 2: "grpc", 3: "generate"}
 
+OFF_DEVICES = 128
+
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
 #: stream barrier can wait for bit 0 alone (docs/gate.md).
@@ -144,6 +151,26 @@ def wants_gpu(requests: int, auto_active: int, hinted: int) -> bool:
     explicitly is active exactly inside them; its automatic activity (which lasts a grace
     period past each burst) then no longer counts. The native gate has the same rule."""
     return requests > 0 or (auto_active != 0 and hinted == 0)
+
+
+@dataclass(frozen=True)
+class ControlStats:
+    """The client's counters, as read by the daemon."""
+
+    requests: int
+    auto_active: bool
+    launches: int
+    waits: int
+    wait_seconds: float
+    window: int
+    gate_installed: bool
+    driver_gate: str = "none"  # one of DRIVER_STATES
+    driver_launches: int = 0
+    driver_waits: int = 0
+    driver_barriers: int = 0
+    driver_asleep: bool = False
+    driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
+    driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
 
 
 _PROT_READ = 1

@@ -27,7 +27,6 @@ import fcntl
 import mmap
 import os
 import struct
-from dataclasses import dataclass
 
 from . import futex
 from .control import (
@@ -37,6 +36,7 @@ from .control import (
     OFF_AUTO_ACTIVE,
     OFF_BARRIER_LEAKS,
     OFF_BARRIERS_ON,
+    OFF_DEVICES,
     OFF_DRIVER_ASLEEP,
     OFF_DRIVER_BARRIERS,
     OFF_DRIVER_BOUND_WAITS,
@@ -57,6 +57,7 @@ from .control import (
     OFF_WINDOW,
     OFF_WINDOW_SHARE_US,
     SIZE,
+    ControlStats,
     closed_while_watched,
     wants_gpu,
 )
@@ -68,26 +69,6 @@ PRIVATE_MODE = 0o600
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-
-
-@dataclass(frozen=True)
-class ControlStats:
-    """The client's counters, as read by the daemon."""
-
-    requests: int
-    auto_active: bool
-    launches: int
-    waits: int
-    wait_seconds: float
-    window: int
-    gate_installed: bool
-    driver_gate: str = "none"  # one of DRIVER_STATES
-    driver_launches: int = 0
-    driver_waits: int = 0
-    driver_barriers: int = 0
-    driver_asleep: bool = False
-    driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
-    driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
 
 
 class ControlBlock:
@@ -287,6 +268,13 @@ class ControlBlock:
         """Launches the driver-level gate saw: while it holds the process, this stands still
         but for one launch per thread (the one it holds)."""
         return _U64.unpack_from(self._map, OFF_DRIVER_LAUNCHES)[0]
+
+    @property
+    def devices(self) -> frozenset[int]:
+        """The GPUs (physical indexes) the process made a CUDA context on, as its driver-level
+        gate saw them: a process may drive several GPUs without saying so."""
+        bits = _U64.unpack_from(self._map, OFF_DEVICES)[0]
+        return frozenset(i for i in range(64) if bits >> i & 1)
 
     # client side
     @property

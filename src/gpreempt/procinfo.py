@@ -1,4 +1,5 @@
-"""Facts about processes read from /proc: owner, group, start time, parentage, stop state."""
+"""Facts about processes read from /proc: owner, group, start time, parentage, stop state,
+the GPUs they can use."""
 
 from __future__ import annotations
 
@@ -188,3 +189,16 @@ def pid_seen_by_peer(pid: int, peer: int) -> int:
         except (OSError, ValueError):
             continue
     raise NoSuchProcess(f"no process with pid {pid} in the caller's PID namespace")
+
+
+def can_use_gpu(pid: int, gpu: int) -> bool:
+    """Whether process ``pid`` can use NVIDIA GPU ``gpu``: its device node is there in the
+    process's own root (a container sees only the GPUs it was given). Where the process
+    sees no NVIDIA device node at all (another vendor, no GPU), nothing can be told: yes."""
+    dev = f"/proc/{pid}/root/dev"
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return False
+    nodes = {n for n in names if n.startswith("nvidia") and n[6:].isdigit()}
+    return not nodes or f"nvidia{gpu}" in nodes

@@ -116,6 +116,34 @@ def test_work_beside_torch_is_held(daemon, runtime_dir, tmp_path, framework):
     _assert_held(_held_and_resumed(runtime_dir, progress, command))
 
 
+def _gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("program", ["cpp", "cupy-devices", "jax-devices"])
+def test_a_process_driving_several_gpus_is_held_on_each(
+    daemon, runtime_dir, tmp_path, request, program
+):
+    """One process, every GPU (single-process data parallelism): each GPU's context has its
+    own default stream, streams and events, and the hold must stop the work on all of them
+    (the progress counted is their sum)."""
+    progress = tmp_path / "progress"
+    if program == "cpp":
+        kernel_loop = request.getfixturevalue("kernel_loop")
+        command = [str(kernel_loop), str(progress), "devices", "60"]
+    else:
+        pytest.importorskip("torch")
+        pytest.importorskip(program.split("-")[0])
+        command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), program, "90"]
+    result = _held_and_resumed(runtime_dir, progress, command)
+    _assert_held(result)
+    assert result["task"]["gpus"] == list(range(_gpu_count())), result["task"]
+
+
 PROFILED = """
 import sys, torch
 x = torch.randn(512, 512, device="cuda")
@@ -301,6 +329,38 @@ def test_work_beside_torch_stands_still_while_a_server_is_active(
         gate = _task(runtime_dir, "trainer")["gate"]
         assert held_to == held_from, (held_from, held_to, gate)
         assert gate["barrier_leaks"] == 0 and gate["hold_leaks"] == 0, gate
+        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+    finally:
+        stop_all(trainer, server)
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
+def test_a_process_driving_several_gpus_stands_still_while_a_server_on_one_is_active(
+    daemon, runtime_dir, tmp_path, kernel_loop
+):
+    """The trainer is registered with no option (on the first GPU); its process drives every
+    GPU, which its driver-level gate tells the daemon, so a server's request on the last GPU
+    holds it."""
+    progress, go = tmp_path / "progress", tmp_path / "go"
+    last = str(_gpu_count() - 1)
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--gpu", last, "--name", "server", "--",
+        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
+    )  # fmt: skip
+    command = [str(kernel_loop), str(progress), "devices", "60"]
+    trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
+    try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: _task(runtime_dir, "trainer")["gpus"][-1:] == [int(last)], 10)
+        time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
+        go.write_text("1")
+        time.sleep(0.3)  # what ran past the last barrier completes
+        held_from = _progress(progress)
+        time.sleep(1.2)
+        held_to = _progress(progress)
+        task = _task(runtime_dir, "trainer")
+        assert held_to == held_from, (held_from, held_to, task)
+        assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
         assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
     finally:
         stop_all(trainer, server)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import GpreemptError, ProtocolError, UsageError
-from ..procinfo import read_process
+from ..procinfo import can_use_gpu, read_process
 from ..protocol import MAX_MESSAGE, MAX_REPLY, Connection, Message, encode, error_reply
 from . import limits as bounds
 from .limits import Limits
@@ -319,9 +319,30 @@ class Connections:
             self.log(f"dropping client {peer.pid}: its doorbell does not reset")
             self.drop_peer(peer)
             return
+        note_devices(peer, self.registry, self.log)
         self.on_change()
 
     def listen_to_doorbell(self, peer: Peer) -> None:
-        """Wake the loop when ``peer``'s client rings its doorbell (its activity changed)."""
+        """Wake the loop when ``peer``'s client rings its doorbell (its activity changed, or
+        its process made a context on another GPU); a block that already names GPUs (a client
+        that reconnected) counts them at once."""
         assert peer.control is not None
         self.selector.register(peer.control.doorbell, selectors.EVENT_READ, ("doorbell", peer))
+        note_devices(peer, self.registry, self.log)
+
+
+def note_devices(peer: Peer, registry: Registry, log: Callable[[str], None]) -> None:
+    """Count ``peer``'s task on the GPUs its process made a CUDA context on since the last
+    look (its driver-level gate writes them and rings): a process that drives several GPUs is
+    preempted by a more important task on any of them. Only those its process can use count:
+    a client cannot put its task where it cannot run."""
+    if peer.control is None:
+        return
+    new = peer.control.devices - peer.devices_seen
+    task = registry.tasks.get(peer.channel_task or -1)
+    if not new or task is None:
+        return
+    peer.devices_seen |= new
+    for gpu in sorted(new):
+        if can_use_gpu(peer.pid, gpu) and task.add_gpu(gpu, peer.conn_id):
+            log(f"task {task.name}: its process {peer.pid} uses GPU {gpu} too")

@@ -21,7 +21,7 @@ from ..errors import GpreemptError, NoSuchProcess, PermissionDenied, ProtocolErr
 from ..field_checks import BadField
 from ..mechanisms import MechanismSet, kind
 from ..messages import ChannelRequest, HoldRequest, RegisterRequest, TargetRequest, TaskFields
-from ..procinfo import ProcessInfo, is_descendant, pid_seen_by_peer, read_process
+from ..procinfo import ProcessInfo, can_use_gpu, is_descendant, pid_seen_by_peer, read_process
 from ..protocol import OPS, Message, error_reply
 from .apply_memory import MemoryExecutor
 from .event_log import EventLog
@@ -52,19 +52,6 @@ class Host(Protocol):
     def reconcile(self) -> None: ...
     def end_task(self, task: Task, reason: str) -> None: ...
     def listen_to_doorbell(self, peer: Peer) -> None: ...
-
-
-def can_use_gpu(pid: int, gpu: int) -> bool:
-    """Whether process ``pid`` can use NVIDIA GPU ``gpu``: its device node is there in the
-    process's own root (a container sees only the GPUs it was given). Where the process
-    sees no NVIDIA device node at all (another vendor, no GPU), nothing can be told: yes."""
-    dev = f"/proc/{pid}/root/dev"
-    try:
-        names = os.listdir(dev)
-    except OSError:
-        return False
-    nodes = {n for n in names if n.startswith("nvidia") and n[6:].isdigit()}
-    return not nodes or f"nvidia{gpu}" in nodes
 
 
 class Handlers:

@@ -40,6 +40,8 @@ class Peer:
     interest: int = selectors.EVENT_READ
     #: Descriptors the daemon holds for this connection, as last counted (connections.py).
     fds_counted: int = 0
+    #: The GPUs its control block said its process made a context on, as last looked at.
+    devices_seen: frozenset[int] = frozenset()
 
     def fds_held(self) -> int:
         """Descriptors the daemon holds for this connection now: its socket, its control

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..field_checks import MAX_GPUS
 from ..mechanisms import kind
 from ..mechanisms.base import Target
 from ..names import MechanismName
 from ..policy import TaskView
 from ..priority import priority_name
 from .task_counters import TaskCounters
+from .task_gpus import TaskGpus
 from .task_identity import TaskIdentity
 from .task_state import STOPPED, StateRecord, TaskState
 
@@ -40,14 +40,12 @@ class Task:
     state_record: StateRecord = field(default_factory=StateRecord)
     #: What the executor counted of it.
     counters: TaskCounters = field(default_factory=TaskCounters)
-    #: Its GPUs: those it registered on, and those its ranks added while they run.
-    gpus: tuple[int, ...] = field(init=False)
+    #: Its GPUs: those it registered on, and those its processes added while they run.
+    gpu_set: TaskGpus = field(init=False)
     #: Id of the connection whose closing ends the task (its launcher), if any.
     owner: int | None = None
     #: Control blocks of in-process clients, keyed by connection id.
     controls: dict[int, ControlBlock] = field(default_factory=dict)
-    #: GPUs its ranks added (not among those it registered with), by connection id.
-    rank_gpus: dict[int, int] = field(default_factory=dict)
     #: Registered with ``attach`` (by pid, not owned by a connection): a restarted daemon
     #: registers it again from its persisted state.
     attached: bool = False
@@ -80,7 +78,7 @@ class Task:
     evict_unlock: bool = False
 
     def __post_init__(self) -> None:
-        self.gpus = self.identity.gpus
+        self.gpu_set = TaskGpus(self.identity.gpus)
 
     # ------------------------------------------------------------------ its identity
     @property
@@ -132,19 +130,18 @@ class Task:
         """Why the policy's last suspension of it failed, while it is unprotected."""
         return self.state_record.suspend_error
 
-    def add_gpu(self, gpu: int, conn_id: int) -> None:
-        """Count the task on ``gpu`` too while connection ``conn_id`` lasts: a process of it
-        (a rank of a multi-GPU job) said it uses that GPU, so a more important task there
-        preempts the whole task."""
-        if gpu not in self.gpus and len(self.gpus) < MAX_GPUS:
-            self.gpus = (*self.gpus, gpu)
-            self.rank_gpus[conn_id] = gpu
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPUs it counts on (task_gpus.py)."""
+        return self.gpu_set.all
+
+    def add_gpu(self, gpu: int, conn_id: int) -> bool:
+        """A process of it (connection ``conn_id``) uses ``gpu``: True where that is new."""
+        return self.gpu_set.add(gpu, conn_id)
 
     def drop_rank(self, conn_id: int) -> None:
-        """The process of connection ``conn_id`` is gone: the GPU only it added goes too."""
-        gpu = self.rank_gpus.pop(conn_id, None)
-        if gpu is not None and gpu not in self.rank_gpus.values():
-            self.gpus = tuple(g for g in self.gpus if g != gpu) or self.gpus
+        """The process of connection ``conn_id`` is gone, and the GPUs only it added."""
+        self.gpu_set.drop(conn_id)
 
     @property
     def suspended(self) -> bool:

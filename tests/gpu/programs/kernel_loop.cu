@@ -5,7 +5,9 @@
 // MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
 // threads, each its own stream), graph (a captured graph of 16 kernels, replayed), deep (one
 // stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead), idle (default, then
-// as long again alive without launching, as a trainer waiting on its input).
+// as long again alive without launching, as a trainer waiting on its input), devices (one
+// thread driving every visible GPU in turn, each on its legacy default stream and on a stream
+// of its own, as a process of single-process data parallelism does; the count is their sum).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -39,18 +41,29 @@ int main(int argc, char** argv) {
   }
   const std::string path = argv[1], mode = argv[2];
   const double seconds = std::atof(argv[3]);
+  // One counter per GPU (atomics of several GPUs on one word of host memory need not add up),
+  // portable: mapped into every GPU's context.
+  constexpr int kMaxDevices = 16;
   unsigned long long* host = nullptr;
   unsigned long long* device = nullptr;
-  check(cudaHostAlloc(&host, sizeof(*host), cudaHostAllocMapped), "cudaHostAlloc");
-  *host = 0;
+  check(cudaHostAlloc(&host, kMaxDevices * sizeof(*host), cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc");
+  std::memset(host, 0, kMaxDevices * sizeof(*host));
   check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+  auto count = [&]() {
+    unsigned long long sum = 0;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      sum += reinterpret_cast<volatile unsigned long long*>(host)[d];
+    }
+    return sum;
+  };
   const long long spin = 50000;  // about 30 us
   std::atomic<bool> done{false};
   std::thread reporter([&]() {
     const std::string tmp = path + ".tmp";
     while (!done.load()) {
       if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-        std::fprintf(f, "%llu", *reinterpret_cast<volatile unsigned long long*>(host));
+        std::fprintf(f, "%llu", count());
         std::fclose(f);
         std::rename(tmp.c_str(), path.c_str());
       }
@@ -116,12 +129,36 @@ int main(int argc, char** argv) {
       }
     }
     check(cudaStreamSynchronize(s), "sync");
+  } else if (mode == "devices") {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "device count");
+    n = n < kMaxDevices ? n : kMaxDevices;
+    cudaStream_t streams[kMaxDevices];
+    for (int d = 0; d < n; ++d) {
+      check(cudaSetDevice(d), "set device");
+      check(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "stream");
+    }
+    for (int i = 0; running(); ++i) {
+      const int d = i % n;
+      check(cudaSetDevice(d), "set device");
+      bump<<<1, 32, 0, ((i / n) & 1) ? streams[d] : 0>>>(device + d, spin);
+      if (i % (64 * n) == 64 * n - 1) {
+        for (int e = 0; e < n; ++e) {
+          check(cudaSetDevice(e), "set device");
+          check(cudaDeviceSynchronize(), "sync");
+        }
+      }
+    }
+    for (int d = 0; d < n; ++d) {
+      check(cudaSetDevice(d), "set device");
+      check(cudaDeviceSynchronize(), "sync");
+    }
   } else {
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   }
   done.store(true);
   reporter.join();
-  std::printf("%llu\n", *host);
+  std::printf("%llu\n", count());
   return 0;
 }

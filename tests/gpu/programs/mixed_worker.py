@@ -1,7 +1,8 @@
 """A Python trainer that imports PyTorch and does its GPU work with CuPy or JAX, as people
 write them (PyTorch for its DataLoader, say). It writes its GPU progress to a file every 20 ms.
+The ``-devices`` kinds drive every visible GPU from the one process, in turn.
 
-    python mixed_worker.py PROGRESS_FILE cupy|jax|torch-compile SECONDS
+    python mixed_worker.py PROGRESS_FILE cupy|jax|torch-compile|cupy-devices|jax-devices SECONDS
 """
 
 import os
@@ -24,15 +25,17 @@ def report() -> None:
         time.sleep(0.02)
 
 
-if framework == "cupy":
+if framework in ("cupy", "cupy-devices"):
     import ctypes
 
     import cupy as cp
 
     torch.zeros(1, device="cuda")  # PyTorch has CUDA too
-    host = cp.cuda.runtime.hostAlloc(8, 2)  # cudaHostAllocMapped: read without a CUDA call
-    ctypes.c_uint64.from_address(host).value = 0
-    device = host  # unified addressing: the mapped host address is valid on the GPU
+    devices = range(cp.cuda.runtime.getDeviceCount() if framework == "cupy-devices" else 1)
+    # cudaHostAllocPortable | cudaHostAllocMapped: read without a CUDA call, one counter per
+    # GPU, each valid on every GPU (unified addressing: the host address is the device's)
+    host = cp.cuda.runtime.hostAlloc(8 * len(devices), 3)
+    ctypes.memset(host, 0, 8 * len(devices))
     bump = cp.RawKernel(
         r"""extern "C" __global__ void bump(unsigned long long* c, long long spin) {
             long long t = clock64(); while (clock64() - t < spin) {}
@@ -41,18 +44,23 @@ if framework == "cupy":
     )
 
     def read() -> int:
-        return ctypes.c_uint64.from_address(host).value
+        return sum(ctypes.c_uint64.from_address(host + 8 * d).value for d in devices)
 
     def step() -> None:
         for _ in range(64):
-            bump((1,), (32,), (cp.uint64(device), cp.int64(50000)))
-        cp.cuda.get_current_stream().synchronize()
+            for d in devices:
+                with cp.cuda.Device(d):
+                    bump((1,), (32,), (cp.uint64(host + 8 * d), cp.int64(50000)))
+        for d in devices:
+            with cp.cuda.Device(d):
+                cp.cuda.get_current_stream().synchronize()
 
-elif framework == "jax":
+elif framework in ("jax", "jax-devices"):
     import jax
     import jax.numpy as jnp
 
-    x = jnp.ones((1024, 1024), jnp.float32)
+    devices = jax.devices() if framework == "jax-devices" else jax.devices()[:1]
+    xs = [jax.device_put(jnp.ones((1024, 1024), jnp.float32), d) for d in devices]
 
     @jax.jit
     def update(x):
@@ -60,14 +68,28 @@ elif framework == "jax":
             x = jnp.tanh(x @ x * 1e-3)
         return x
 
+    counts = [0] * len(devices)
+
     def read() -> int:
-        return count
+        return sum(counts)
+
+    def steps_on(d: int, end: float) -> None:
+        while time.monotonic() < end:
+            xs[d] = update(xs[d])
+            xs[d].block_until_ready()
+            counts[d] += 1
 
     def step() -> None:
-        global x, count
-        x = update(x)
-        x.block_until_ready()
-        count += 1
+        """Steps on every GPU, each from a thread of its own (a GPU whose work goes on while
+        another's is held counts on), for a second."""
+        threads = [
+            threading.Thread(target=steps_on, args=(d, time.monotonic() + 1.0))
+            for d in range(len(devices))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 elif framework == "torch-compile":
     layer = torch.nn.Linear(1024, 1024).cuda()

@@ -33,6 +33,7 @@ HEADERS = (
     CSRC / "barrier_check.h",
     CSRC / "control_layout.h",
     CSRC / "gate_words.h",
+    CSRC / "visible_devices.h",
 )
 LIBRARY_PREFIX = "libgpreempt_driver_"
 #: Headers the library needs, all in one include directory or split over a few.

@@ -261,6 +261,7 @@ bool open_own_channel(Gate& g) {
   if (!make_block(g)) {
     return false;
   }
+  publish_devices(g);
   const int fd = connect_channel();
   std::thread([fd]() {
     int first = fd;

@@ -20,6 +20,7 @@
 //   * driver_asleep.cpp: while the callbacks are off (nobody more important was active for a
 //     while), stream barriers put by the gate's thread, and waking the gate where the process
 //     queues faster than they bound;
+//   * driver_devices.cpp: the GPUs the process makes contexts on, told to the daemon;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
 //     the gate's own channel to the daemon, with the same control block protocol.
 #pragma once
@@ -175,6 +176,7 @@ struct Gate {
   std::atomic<bool> batch_ok{true};  // cuStreamBatchMemOp puts a barrier's waits in one call
   std::atomic<bool> pair_ok{true};   // the driver takes 64-bit waits (Words::kPair)
   std::unordered_map<uintptr_t, CUdeviceptr> device_pages;
+  std::atomic<uint64_t> devices{0};  // bit N: a context was made on physical GPU N
 };
 
 Gate& gate();
@@ -260,6 +262,13 @@ class CurrentContext {
 
 
 
+
+// driver_devices.cpp
+// CUPTI made `context` (any thread): its GPU goes into the block's devices word.
+void on_context_created(Gate& g, CUcontext context);
+// The GPUs seen so far into the block, where there is one; rings where that adds one.
+void publish_devices(Gate& g);
+bool enable_device_callbacks(CUpti_SubscriberHandle subscriber);
 
 // driver_hold.cpp
 bool barriers_hold(Gate& g, const uint8_t* ctl);

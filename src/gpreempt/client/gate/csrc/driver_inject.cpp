@@ -115,7 +115,16 @@ std::atomic<bool> asleep{false};
 
 void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
                              CUpti_CallbackId cbid, const void* cbdata) {
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || gate().exiting.load(std::memory_order_relaxed)) {
+  if (gate().exiting.load(std::memory_order_relaxed)) {
+    return;
+  }
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
+    if (cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
+      on_context_created(gate(), static_cast<const CUpti_ResourceData*>(cbdata)->context);
+    }
+    return;
+  }
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
     return;
   }
   const auto* data = static_cast<const CUpti_CallbackData*>(cbdata);
@@ -163,6 +172,7 @@ uint32_t subscribe() {
     ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
   }
   ok = enable_capture_callbacks(subscriber) && ok;
+  ok = enable_device_callbacks(subscriber) && ok;
   ok = enable_held(true) && ok;
   asleep.store(false);
   if (!ok) {
@@ -328,6 +338,7 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
   if (g.initialized.load()) {
     publish_state(state.load());
   }
+  publish_devices(g);
   return 1;
 }
 
