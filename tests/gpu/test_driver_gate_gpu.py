@@ -334,24 +334,24 @@ def test_work_beside_torch_stands_still_while_a_server_is_active(
         stop_all(trainer, server)
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
-def test_a_process_driving_several_gpus_stands_still_while_a_server_on_one_is_active(
-    daemon, runtime_dir, tmp_path, kernel_loop
-):
-    """The trainer is registered with no option (on the first GPU); its process drives every
-    GPU, which its driver-level gate tells the daemon, so a server's request on the last GPU
-    holds it."""
+def _stands_still_beside_a_request(
+    runtime_dir: Path, tmp_path: Path, command: list[str], server_gpu: int | None = None
+) -> dict:
+    """The trainer ``command`` (run with no option) stands still while a server (on
+    ``server_gpu``, else the default) holds a request open, with no leak, and goes on after:
+    its task as the daemon showed it while held."""
     progress, go = tmp_path / "progress", tmp_path / "go"
-    last = str(_gpu_count() - 1)
+    where = [] if server_gpu is None else ["--gpu", str(server_gpu)]
     server = spawn(
-        runtime_dir, "run", "--priority", "high", "--gpu", last, "--name", "server", "--",
+        runtime_dir, "run", "--priority", "high", *where, "--name", "server", "--",
         sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
     )  # fmt: skip
-    command = [str(kernel_loop), str(progress), "devices", "60"]
     trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
     try:
         assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
-        assert wait_for(lambda: _task(runtime_dir, "trainer")["gpus"][-1:] == [int(last)], 10)
+        if server_gpu is not None:
+            on = lambda: server_gpu in _task(runtime_dir, "trainer")["gpus"]  # noqa: E731
+            assert wait_for(on, 10), _task(runtime_dir, "trainer")
         time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
         go.write_text("1")
         time.sleep(0.3)  # what ran past the last barrier completes
@@ -361,9 +361,31 @@ def test_a_process_driving_several_gpus_stands_still_while_a_server_on_one_is_ac
         task = _task(runtime_dir, "trainer")
         assert held_to == held_from, (held_from, held_to, task)
         assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
+        assert task["gate"]["driver"] == "on", task
         assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+        return task
     finally:
         stop_all(trainer, server)
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
+def test_a_process_driving_several_gpus_stands_still_while_a_server_on_one_is_active(
+    runtime_dir, tmp_path, daemon, kernel_loop
+):
+    """The trainer is registered with no option (on the first GPU); its process drives every
+    GPU, which its driver-level gate tells the daemon, so a server's request on the last GPU
+    holds it."""
+    command = [str(kernel_loop), str(tmp_path / "progress"), "devices", "60"]
+    _stands_still_beside_a_request(runtime_dir, tmp_path, command, server_gpu=_gpu_count() - 1)
+
+
+def test_a_program_that_resets_its_gpu_is_held_in_its_new_context(
+    runtime_dir, tmp_path, daemon, kernel_loop
+):
+    """cudaDeviceReset destroys the context the gate knew the streams, events and registered
+    words of: the gate forgets them, and its barriers hold the work of the new context."""
+    command = [str(kernel_loop), str(tmp_path / "progress"), "reset", "60"]
+    _stands_still_beside_a_request(runtime_dir, tmp_path, command)
 
 
 SPIN_SERVER = (

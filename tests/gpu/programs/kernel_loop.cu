@@ -7,7 +7,9 @@
 // stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead), idle (default, then
 // as long again alive without launching, as a trainer waiting on its input), devices (one
 // thread driving every visible GPU in turn, each on its legacy default stream and on a stream
-// of its own, as a process of single-process data parallelism does; the count is their sum).
+// of its own, as a process of single-process data parallelism does; the count is their sum),
+// reset (default for 0.3 s, then cudaDeviceReset, which destroys the context, and default in
+// the new one for the rest).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -42,14 +44,23 @@ int main(int argc, char** argv) {
   const std::string path = argv[1], mode = argv[2];
   const double seconds = std::atof(argv[3]);
   // One counter per GPU (atomics of several GPUs on one word of host memory need not add up),
-  // portable: mapped into every GPU's context.
+  // in a page of the program's own, registered portable: mapped into every GPU's context, and
+  // still there for the reporter once a reset took the registration (registered again).
   constexpr int kMaxDevices = 16;
-  unsigned long long* host = nullptr;
+  auto* host = static_cast<unsigned long long*>(std::aligned_alloc(4096, 4096));
+  std::memset(host, 0, 4096);
   unsigned long long* device = nullptr;
-  check(cudaHostAlloc(&host, kMaxDevices * sizeof(*host), cudaHostAllocMapped | cudaHostAllocPortable),
-        "cudaHostAlloc");
-  std::memset(host, 0, kMaxDevices * sizeof(*host));
-  check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+  auto map_counters = [&]() {
+    const cudaError_t e =
+        cudaHostRegister(host, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();  // a reset left the registration: the page is mapped still
+    } else {
+      check(e, "cudaHostRegister");
+    }
+    check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+  };
+  map_counters();
   auto count = [&]() {
     unsigned long long sum = 0;
     for (int d = 0; d < kMaxDevices; ++d) {
@@ -82,6 +93,15 @@ int main(int argc, char** argv) {
     check(cudaStreamSynchronize(s), "sync");
   };
   if (mode == "default") {
+    loop_on(0);
+  } else if (mode == "reset") {
+    const auto reset_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < reset_at) {
+      bump<<<1, 32>>>(device, spin);
+    }
+    check(cudaDeviceSynchronize(), "sync");
+    check(cudaDeviceReset(), "reset");
+    map_counters();
     loop_on(0);
   } else if (mode == "idle") {
     loop_on(0);

@@ -20,7 +20,8 @@
 //   * driver_asleep.cpp: while the callbacks are off (nobody more important was active for a
 //     while), stream barriers put by the gate's thread, and waking the gate where the process
 //     queues faster than they bound;
-//   * driver_devices.cpp: the GPUs the process makes contexts on, told to the daemon;
+//   * driver_contexts.cpp: the GPUs the process makes contexts on, told to the daemon, and
+//     the contexts it destroys, forgotten;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
 //     the gate's own channel to the daemon, with the same control block protocol.
 #pragma once
@@ -263,12 +264,13 @@ class CurrentContext {
 
 
 
-// driver_devices.cpp
-// CUPTI made `context` (any thread): its GPU goes into the block's devices word.
-void on_context_created(Gate& g, CUcontext context);
+// driver_contexts.cpp
+// CUPTI's resource callback: a context made (its GPU into the block's devices word) or about
+// to be destroyed (forget_context).
+void on_context_call(Gate& g, CUpti_CallbackId cbid, const CUpti_ResourceData* data);
 // The GPUs seen so far into the block, where there is one; rings where that adds one.
 void publish_devices(Gate& g);
-bool enable_device_callbacks(CUpti_SubscriberHandle subscriber);
+bool enable_context_callbacks(CUpti_SubscriberHandle subscriber);
 
 // driver_hold.cpp
 bool barriers_hold(Gate& g, const uint8_t* ctl);
@@ -340,6 +342,9 @@ void retire_marks(Gate& g, CUcontext ctx, std::deque<Mark>& marks, Span span) {
   }
 }
 void forget_stream(CUstream stream);
+// The program destroys `context` (cuCtxDestroy, cudaDeviceReset): its streams, their events and
+// its spare events go, and the words' pages are registered again at the next barrier.
+void forget_context(Gate& g, CUcontext context);
 // Activity: auto_active drops once the process launched nothing for the grace time, its GPU
 // work has completed, and the grace time has passed again since that was first seen: a kernel
 // longer than the grace keeps it active for the grace after it completes, as the operator

@@ -119,9 +119,7 @@ void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
     return;
   }
   if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
-    if (cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
-      on_context_created(gate(), static_cast<const CUpti_ResourceData*>(cbdata)->context);
-    }
+    on_context_call(gate(), cbid, static_cast<const CUpti_ResourceData*>(cbdata));
     return;
   }
   if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
@@ -172,7 +170,7 @@ uint32_t subscribe() {
     ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
   }
   ok = enable_capture_callbacks(subscriber) && ok;
-  ok = enable_device_callbacks(subscriber) && ok;
+  ok = enable_context_callbacks(subscriber) && ok;
   ok = enable_held(true) && ok;
   asleep.store(false);
   if (!ok) {

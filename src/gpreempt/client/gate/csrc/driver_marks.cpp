@@ -321,6 +321,23 @@ void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key) {
   }
 }
 
+namespace {
+
+// Destroys the events of a stream the gate forgets (mu held).
+void drop_stream(StreamState& st) {
+  for (Mark& m : st.marks) {
+    cu()->cuEventDestroy(m.event);  // released once its work completed
+    for (CUevent e : {m.before, m.fence}) {
+      if (e != nullptr) {
+        cu()->cuEventDestroy(e);
+      }
+    }
+  }
+  drop_asleep_marks(st);
+}
+
+}  // namespace
+
 void forget_stream(CUstream stream) {
   Gate& g = gate();
   const Guard guard;
@@ -329,16 +346,36 @@ void forget_stream(CUstream stream) {
   if (it == g.streams.end()) {
     return;
   }
-  for (Mark& m : it->second.marks) {
-    cu()->cuEventDestroy(m.event);  // released once its work completed
-    for (CUevent e : {m.before, m.fence}) {
-      if (e != nullptr) {
-        cu()->cuEventDestroy(e);
-      }
+  drop_stream(it->second);
+  g.streams.erase(it);
+}
+
+void forget_context(Gate& g, CUcontext context) {
+  const Guard guard;
+  std::lock_guard<std::mutex> lock(g.mu);
+  for (auto it = g.streams.begin(); it != g.streams.end();) {
+    if (it->second.context == context) {
+      drop_stream(it->second);
+      it = g.streams.erase(it);
+    } else {
+      ++it;
     }
   }
-  drop_asleep_marks(it->second);
-  g.streams.erase(it);
+  for (auto* spares : {&g.spare_events, &g.spare_plain}) {
+    auto it = spares->find(context);
+    if (it != spares->end()) {
+      for (CUevent e : it->second) {
+        cu()->cuEventDestroy(e);
+      }
+      spares->erase(it);
+    }
+  }
+  // The words' pages may have been registered in this context, which takes the registration
+  // with it: the next barrier registers them again (or finds them registered still).
+  g.device_pages.clear();
+  if (uint8_t* ctl = g.ctl.load(std::memory_order_acquire)) {
+    store32(ctl, kOffDriverStreams, static_cast<uint32_t>(g.streams.size()));
+  }
 }
 
 }  // namespace gpreempt_driver
