@@ -297,6 +297,47 @@ time.sleep(120)
 )
 
 
+def _stands_still_while_a_server_is_active(
+    runtime_dir: Path,
+    tmp_path: Path,
+    command: list[str],
+    server_gpu: int | None = None,
+    server_program: str = SERVER_REQUEST,
+) -> None:
+    """The trainer ``command`` (run with no option, its progress in ``tmp_path/progress``)
+    stands still while a server (on ``server_gpu``, else the default) is active for two
+    seconds, with no leak, and goes on after. The server opens a request (or, with another
+    ``server_program``, launches work)."""
+    progress, go = tmp_path / "progress", tmp_path / "go"
+    where = [] if server_gpu is None else ["--gpu", str(server_gpu)]
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", *where, "--name", "server", "--",
+        sys.executable, "-c", server_program, str(go), "2.0",
+    )  # fmt: skip
+    trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
+    try:
+        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        if server_gpu is not None:  # the trainer's process told the daemon it uses that GPU
+
+            def counted_there() -> bool:
+                return server_gpu in _task(runtime_dir, "trainer")["gpus"]
+
+            assert wait_for(counted_there, 10), _task(runtime_dir, "trainer")
+        time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
+        go.write_text("1")
+        time.sleep(0.3)  # what ran past the last barrier completes
+        held_from = _progress(progress)
+        time.sleep(1.2)
+        held_to = _progress(progress)
+        task = _task(runtime_dir, "trainer")
+        assert held_to == held_from, (held_from, held_to, task)
+        assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
+        assert task["gate"]["driver"] == "on", task
+        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+    finally:
+        stop_all(trainer, server)
+
+
 @pytest.mark.parametrize("server_marks", ["request", "launches"])
 @pytest.mark.parametrize("framework", ["cupy", "jax"])
 def test_work_beside_torch_stands_still_while_a_server_is_active(
@@ -310,62 +351,10 @@ def test_work_beside_torch_stands_still_while_a_server_is_active(
     pytest.importorskip(framework)
     if server_marks == "launches":
         pytest.importorskip("cupy")
-    progress, go = tmp_path / "progress", tmp_path / "go"
     program = SERVER_REQUEST if server_marks == "request" else SERVER_LAUNCHES
-    server = spawn(
-        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
-        sys.executable, "-c", program, str(go), "2.0",
-    )  # fmt: skip
-    command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), framework, "90"]
-    trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
-    try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
-        time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
-        go.write_text("1")
-        time.sleep(0.3)  # what ran past the last barrier completes
-        held_from = _progress(progress)
-        time.sleep(1.2)
-        held_to = _progress(progress)
-        gate = _task(runtime_dir, "trainer")["gate"]
-        assert held_to == held_from, (held_from, held_to, gate)
-        assert gate["barrier_leaks"] == 0 and gate["hold_leaks"] == 0, gate
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
-    finally:
-        stop_all(trainer, server)
-
-
-def _stands_still_beside_a_request(
-    runtime_dir: Path, tmp_path: Path, command: list[str], server_gpu: int | None = None
-) -> dict:
-    """The trainer ``command`` (run with no option) stands still while a server (on
-    ``server_gpu``, else the default) holds a request open, with no leak, and goes on after:
-    its task as the daemon showed it while held."""
-    progress, go = tmp_path / "progress", tmp_path / "go"
-    where = [] if server_gpu is None else ["--gpu", str(server_gpu)]
-    server = spawn(
-        runtime_dir, "run", "--priority", "high", *where, "--name", "server", "--",
-        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
-    )  # fmt: skip
-    trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
-    try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
-        if server_gpu is not None:
-            on = lambda: server_gpu in _task(runtime_dir, "trainer")["gpus"]  # noqa: E731
-            assert wait_for(on, 10), _task(runtime_dir, "trainer")
-        time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
-        go.write_text("1")
-        time.sleep(0.3)  # what ran past the last barrier completes
-        held_from = _progress(progress)
-        time.sleep(1.2)
-        held_to = _progress(progress)
-        task = _task(runtime_dir, "trainer")
-        assert held_to == held_from, (held_from, held_to, task)
-        assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
-        assert task["gate"]["driver"] == "on", task
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
-        return task
-    finally:
-        stop_all(trainer, server)
+    progress = str(tmp_path / "progress")
+    command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), progress, framework, "90"]
+    _stands_still_while_a_server_is_active(runtime_dir, tmp_path, command, server_program=program)
 
 
 @pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
@@ -376,7 +365,8 @@ def test_a_process_driving_several_gpus_stands_still_while_a_server_on_one_is_ac
     GPU, which its driver-level gate tells the daemon, so a server's request on the last GPU
     holds it."""
     command = [str(kernel_loop), str(tmp_path / "progress"), "devices", "60"]
-    _stands_still_beside_a_request(runtime_dir, tmp_path, command, server_gpu=_gpu_count() - 1)
+    last = _gpu_count() - 1
+    _stands_still_while_a_server_is_active(runtime_dir, tmp_path, command, server_gpu=last)
 
 
 def test_a_program_that_resets_its_gpu_is_held_in_its_new_context(
@@ -385,7 +375,7 @@ def test_a_program_that_resets_its_gpu_is_held_in_its_new_context(
     """cudaDeviceReset destroys the context the gate knew the streams, events and registered
     words of: the gate forgets them, and its barriers hold the work of the new context."""
     command = [str(kernel_loop), str(tmp_path / "progress"), "reset", "60"]
-    _stands_still_beside_a_request(runtime_dir, tmp_path, command)
+    _stands_still_while_a_server_is_active(runtime_dir, tmp_path, command)
 
 
 SPIN_SERVER = (
