@@ -242,7 +242,7 @@ class StateFiles:
                 uid=t.uid,
                 name=t.name,
                 priority=t.priority,
-                gpus=list(t.gpus),
+                gpus=list(t.identity.gpus),  # those its processes add come back with them
                 mechanism=t.mechanism,
                 always_active=t.identity.always_active,
                 timeslice_ms=t.identity.timeslice_ms,
