@@ -13,6 +13,8 @@ from ..field_checks import MAX_GPUS
 
 @dataclass
 class TaskGpus:
+    """One task's GPUs, and which process added which."""
+
     registered: tuple[int, ...]
     #: GPUs its processes added (not among those it registered on), by connection id.
     added: dict[int, tuple[int, ...]] = field(default_factory=dict)
