@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import gp_env, wait_for
+from conftest import gp_env, gpreempt, process_state, spawn, stop_all, wait_for
 
 from gpreempt.client.connection import DaemonClient
 from gpreempt.client.ranks import rank_gpu
@@ -97,7 +98,8 @@ from gpreempt.control import OFF_DEVICES
 from gpreempt.control_block import ControlBlock
 block = ControlBlock.create()
 client = DaemonClient.connect(sys.argv[1])
-client.open_channel(block.memfd, block.doorbell, register={"priority": "low", "name": "dp"})
+register = {"priority": "low", "name": "dp", "mechanism": sys.argv[2]}
+client.open_channel(block.memfd, block.doorbell, register=register)
 print("ready", flush=True)
 for line in sys.stdin:  # the GPUs its driver-level gate saw a context made on, as it writes them
     struct.pack_into("<Q", block._map, OFF_DEVICES, sum(1 << int(g) for g in line.split()))
@@ -112,7 +114,7 @@ def test_a_process_that_drives_several_gpus_counts_its_task_on_each(
     """The driver-level gate names the GPUs its process made a context on: the daemon counts
     the task on each (registered on GPU 0 by default) while the process lives."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVES_GPUS, str(runtime_dir)],
+        [sys.executable, "-c", DRIVES_GPUS, str(runtime_dir), "auto"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gp_env(runtime_dir),
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
@@ -133,3 +135,46 @@ def test_a_process_that_drives_several_gpus_counts_its_task_on_each(
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
+
+
+SERVER_ON_GPU_1 = """
+import pathlib, sys, time
+import gpreempt
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.01)
+with gpreempt.request():
+    time.sleep(float(sys.argv[2]))
+time.sleep(600)
+"""
+
+
+def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: Path, tmp_path):
+    """A low task registered on GPU 0 runs on while a server's request is open on GPU 1, until
+    its process says it drives GPU 1 too: then the request stops it (signals), and it goes on
+    once the request ends."""
+    dp = subprocess.Popen(
+        [sys.executable, "-c", DRIVES_GPUS, str(runtime_dir), "signal"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gp_env(runtime_dir),
+    )  # fmt: skip
+    assert dp.stdin is not None and dp.stdout is not None
+    go = tmp_path / "go"
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--gpu", "1", "--name", "server", "--",
+        sys.executable, "-c", SERVER_ON_GPU_1, str(go), "4",
+    )  # fmt: skip
+    try:
+        assert dp.stdout.readline().strip() == "ready"
+        assert wait_for(lambda: "server" in gpreempt(runtime_dir, "status").stdout, 10)
+        go.touch()
+        time.sleep(1.0)  # the request is open, on another GPU
+        assert process_state(dp.pid) != "T"
+        dp.stdin.write("0 1\n")
+        dp.stdin.flush()
+        assert dp.stdout.readline().strip() == "rung"
+        assert wait_for(lambda: process_state(dp.pid) == "T", 5), "not stopped for GPU 1"
+        assert wait_for(lambda: process_state(dp.pid) not in ("T", ""), 15), "not resumed"
+    finally:
+        stop_all(server)
+        dp.kill()
+        dp.wait(timeout=10)
