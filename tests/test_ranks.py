@@ -161,7 +161,7 @@ def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: P
     go = tmp_path / "go"
     server = spawn(
         runtime_dir, "run", "--priority", "high", "--gpu", "1", "--name", "server", "--",
-        sys.executable, "-c", SERVER_ON_GPU_1, str(go), "4",
+        sys.executable, "-c", SERVER_ON_GPU_1, str(go), "5",
     )  # fmt: skip
     try:
         assert dp.stdout.readline().strip() == "ready"
