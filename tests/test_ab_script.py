@@ -40,11 +40,12 @@ def tree(tmp_path: Path) -> Path:
     return root
 
 
-def _ab(tree: Path, tmp_path: Path, *variants: str, rounds: int = 3):
+def _ab(tree: Path, tmp_path: Path, *variants: str, rounds: int = 3, first: int = 0):
     env = {
         "PATH": os.environ["PATH"],
         "OUT": str(tmp_path / "out"),
         "ROUNDS": str(rounds),
+        "FIRST_ROUND": str(first),
         "AB_WORK": str(tmp_path / "copies"),
         "AB_LOG": str(tmp_path / "runs.log"),
     }
@@ -81,3 +82,14 @@ def test_a_bad_variant_is_one_line_and_nothing_runs(tree: Path, tmp_path: Path) 
     too_few = _ab(tree, tmp_path, "now=:")
     assert too_few.returncode == 2 and "usage" in too_few.stderr
     assert not (tmp_path / "runs.log").exists()
+
+
+def test_a_run_split_over_calls_numbers_its_rounds_on(tree: Path, tmp_path: Path) -> None:
+    """The second call's rounds follow the first's (r1, r2) and go on alternating."""
+    assert _ab(tree, tmp_path, "now=:", "b=:", rounds=1).returncode == 0
+    done = _ab(tree, tmp_path, "now=:", "b=:", rounds=2, first=1)
+    assert done.returncode == 0, done.stderr
+    order = [line.split()[0] for line in (tmp_path / "runs.log").read_text().splitlines()]
+    assert order == ["now", "b", "b", "now", "now", "b"]
+    assert sorted(p.name for p in (tmp_path / "out/b").iterdir()) == ["r0", "r1", "r2"]
+    assert any(line.endswith("n=3") for line in done.stdout.splitlines())

@@ -10,12 +10,14 @@
 #     src/gpreempt/client/gate/csrc/driver_marks.cpp" \
 #   old="rm -rf src && tar -xzf old.tgz"   (old.tgz from `git archive -o old.tgz REV src`,
 #                                           put in the tree so that it travels with it)
-# ROUNDS (default 3); REQUESTS as run.sh's; DEADLINE_S (seconds from the start, unset: none)
-# starts no run that would end past it. Each run's cell goes to $OUT/NAME/rI/; ab_table.py
-# prints the medians over the rounds, which it also prints at the end.
+# ROUNDS (default 3); FIRST_ROUND (default 0: the rounds of a run split over several calls
+# number on, and their order alternates on); REQUESTS as run.sh's; DEADLINE_S (seconds from the
+# start, unset: none) starts no run that would end past it. Each run's cell goes to
+# $OUT/NAME/rI/; ab_table.py prints the medians over the rounds of one OUT or several merged,
+# which it also prints at the end.
 set -u
 : "${OUT:?set OUT to an output directory}"
-: "${ROUNDS:=3}"
+: "${ROUNDS:=3}" "${FIRST_ROUND:=0}"
 [ $# -ge 3 ] || { echo "usage: OUT=dir bash $0 GROUP NAME=COMMAND NAME=COMMAND ..." >&2; exit 2; }
 group=$1
 shift
@@ -38,7 +40,7 @@ for variant in "$@"; do
   fi
   names+=("$name")
 done
-for ((round = 0; round < ROUNDS; round++)); do
+for ((round = FIRST_ROUND; round < FIRST_ROUND + ROUNDS; round++)); do
   order=("${names[@]}")
   if ((round % 2)); then  # every other round the other way round
     order=()
@@ -46,7 +48,7 @@ for ((round = 0; round < ROUNDS; round++)); do
   fi
   for name in "${order[@]}"; do
     limit=$(deadline_limit 150) || { echo "ab: DEADLINE_S is near: stopped"; break 2; }
-    echo "== round $((round + 1)) of $ROUNDS: $name"
+    echo "== round $((round + 1)): $name"
     (cd "$copies/$name" && DEADLINE_S=$limit REPEATS=1 OUT="$OUT/$name/r$round" \
       bash benchmarks/driver_gate/run.sh "$group")
   done
