@@ -163,11 +163,18 @@ def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: P
         runtime_dir, "run", "--priority", "high", "--gpu", "1", "--name", "server", "--",
         sys.executable, "-c", SERVER_ON_GPU_1, str(go), "5",
     )  # fmt: skip
+
+    def server_active() -> bool:
+        with DaemonClient.connect(runtime_dir) as client:
+            tasks = client.status()["tasks"]
+        return any(t["name"] == "server" and t["active"] for t in tasks)
+
     try:
         assert dp.stdout.readline().strip() == "ready"
         assert wait_for(lambda: "server" in gpreempt(runtime_dir, "status").stdout, 10)
         go.touch()
-        time.sleep(1.0)  # the request is open, on another GPU
+        assert wait_for(server_active, 10), "the server's request did not open"
+        time.sleep(0.5)  # the request is open, on another GPU: the low task runs on
         assert process_state(dp.pid) != "T"
         dp.stdin.write("0 1\n")
         dp.stdin.flush()
