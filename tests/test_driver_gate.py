@@ -12,10 +12,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import gpreempt, spawn, stop_all, wait_for
+from conftest import gp_env, gpreempt, spawn, stop_all, wait_for
 
 from gpreempt.client.gate import driver, driver_build
 from gpreempt.errors import UsageError
@@ -165,6 +166,64 @@ def test_a_program_without_python_client_opens_its_own_channel(daemon, runtime_d
         assert wait_for(lambda: version.exists() and int(version.read_text() or 0) > 0, 20)
     finally:
         stop_all(low, *([high] if high else []))
+
+
+#: A server that registers as a high task, then, once told to, opens a request and stays inside
+#: it; a process it forks keeps its block mapped and writes "cleared" once the word drops.
+STRANDED_SERVER = """
+import os, pathlib, sys, time
+from gpreempt.client.connection import DaemonClient
+from gpreempt.control_block import ControlBlock
+block = ControlBlock.create()
+client = DaemonClient.connect(sys.argv[1])
+client.open_channel(block.memfd, block.doorbell, register={"priority": "high", "name": "server"})
+print("ready", flush=True)
+sys.stdin.readline()
+block.set_requests(1)
+if os.fork() == 0:
+    while block.stats().requests:
+        time.sleep(0.02)
+    pathlib.Path(sys.argv[2]).write_text("cleared")
+    os._exit(0)
+print("inside", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_watched_server_that_exits_in_a_request_after_the_daemon_is_cleared(
+    daemon, runtime_dir, tmp_path
+):
+    """Barriers of a C++ program wait on a server's words; the daemon is killed, then the
+    server, inside a request: the program's own channel clears the server's words, as nobody
+    else is left to. (The request opens once the daemon is gone: the gate cannot hold here,
+    without libcuda, so the daemon would stop the program with signals.)"""
+    _library()
+    version, cleared = tmp_path / "version", tmp_path / "cleared"
+    low = spawn(
+        runtime_dir, "run", "--priority", "low", "--name", "native", "--",
+        sys.executable, "-S", "-c", OWN_CHANNEL, str(version),
+    )  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-c", STRANDED_SERVER, str(runtime_dir), str(cleared)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gp_env(runtime_dir),
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        assert wait_for(lambda: version.exists() and int(version.read_text() or 0) > 0, 20)
+        daemon.process.kill()
+        daemon.process.wait(10)
+        server.stdin.write("open\n")
+        server.stdin.flush()
+        assert server.stdout.readline().strip() == "inside"
+        time.sleep(0.5)
+        assert not cleared.exists()  # the server lives on inside its request: still held
+        server.kill()
+        assert wait_for(cleared.exists, 10), "the server's words stay raised"
+    finally:
+        stop_all(low)
+        server.kill()
+        server.wait(10)
 
 
 ADOPT = """

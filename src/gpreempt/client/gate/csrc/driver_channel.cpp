@@ -139,26 +139,25 @@ long json_number(const std::string& line, const char* key) {
   return std::strtol(line.c_str() + at + quoted.size(), nullptr, 10);
 }
 
-// How many elements the JSON array after `"key":` holds (flat arrays of numbers), or -1.
-long json_array_size(const std::string& line, const char* key) {
+// The elements of the flat JSON array after `"key":`, each read as a number (0 for anything
+// else: null), or none where there is no such array (`found` false).
+std::vector<long> json_numbers(const std::string& line, const char* key, bool* found) {
   const std::string quoted = std::string("\"") + key + "\":[";
   const size_t at = line.find(quoted);
-  if (at == std::string::npos) {
-    return -1;
+  const size_t open = at == std::string::npos ? at : at + quoted.size();
+  const size_t close = open == std::string::npos ? open : line.find(']', open);
+  *found = close != std::string::npos;
+  std::vector<long> numbers;
+  for (size_t i = open; *found && i < close;) {
+    const size_t end = std::min(line.find(',', i), close);
+    numbers.push_back(std::strtol(line.c_str() + i, nullptr, 10));
+    i = end + 1;
   }
-  const size_t open = at + quoted.size(), close = line.find(']', open);
-  if (close == std::string::npos) {
-    return -1;
-  }
-  if (close == open) {
-    return 0;
-  }
-  long n = 1;
-  for (size_t i = open; i < close; ++i) {
-    n += line[i] == ',' ? 1 : 0;
-  }
-  return n;
+  return numbers;
 }
+
+// The blocks of the watch list the daemon sent last (the channel's thread alone uses it).
+std::vector<WatchedBlock> watched;
 
 // One message from the daemon and the descriptors that came with it (taken, closed here).
 void on_message(Gate& g, const std::string& line, std::deque<int>& fds) {
@@ -171,21 +170,31 @@ void on_message(Gate& g, const std::string& line, std::deque<int>& fds) {
   if (line.find("\"push\":\"watch\"") != std::string::npos) {
     auto* list = new WatchList();  // never freed: a launch may read it; its pages stay mapped
     const long version = json_number(line, "version");
-    const bool complete = json_array_size(line, "tasks") == static_cast<long>(mine.size()) &&
-                          static_cast<long>(mine.size()) == nfds && mine.size() <= kMaxWatched;
-    for (int fd : mine) {
-      void* p = mmap(nullptr, kSize, PROT_READ, MAP_SHARED, fd, 0);
-      if (p != MAP_FAILED && list->n < kMaxWatched) {
-        list->blocks[list->n++] = static_cast<const uint8_t*>(p);
+    bool listed = false, named = false;
+    const size_t tasks = json_numbers(line, "tasks", &listed).size();
+    const std::vector<long> pids = json_numbers(line, "pids", &named);
+    const bool complete = listed && tasks == mine.size() && static_cast<long>(mine.size()) == nfds &&
+                          mine.size() <= kMaxWatched;
+    std::vector<WatchedBlock> blocks;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      WatchedBlock b;
+      if (list->n < kMaxWatched && watch_block(mine[i], i < pids.size() ? pids[i] : 0, &b)) {
+        list->blocks[list->n++] = b.view;
+        blocks.push_back(b);
+        mine[i] = -1;  // the block keeps it
       }
     }
     list->version = complete && version > 0 && list->n == mine.size()
                         ? static_cast<uint32_t>(version)
                         : 0;
     g.watch.store(list->n == 0 ? nullptr : list, std::memory_order_release);
+    close_blocks(watched);
+    watched = std::move(blocks);
   }
   for (int fd : mine) {
-    close(fd);
+    if (fd >= 0) {
+      close(fd);
+    }
   }
 }
 
@@ -237,6 +246,9 @@ void channel_loop(int fd) {
     pending.clear();
     g.watch.store(nullptr, std::memory_order_release);
     open_gate(g);
+    // barriers already queued may wait on the watched words: freed where their owner exits
+    free_stranded(std::move(watched));
+    watched.clear();
     do {
       sleep(1);
       fd = connect_channel();

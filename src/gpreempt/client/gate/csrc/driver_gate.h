@@ -23,7 +23,8 @@
 //   * driver_contexts.cpp: the GPUs the process makes contexts on, told to the daemon, and
 //     the contexts it destroys, forgotten;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
-//     the gate's own channel to the daemon, with the same control block protocol.
+//     the gate's own channel to the daemon, with the same control block protocol;
+//     driver_stranded.cpp: its watched blocks, freed where their owner exits after the daemon.
 #pragma once
 
 #include <cuda.h>
@@ -38,6 +39,7 @@
 #include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "control_layout.h"
 #include "asleep_drain.h"
@@ -261,9 +263,6 @@ class CurrentContext {
   bool pushed_ = false;
 };
 
-
-
-
 // driver_contexts.cpp
 // CUPTI's resource callback: a context made (its GPU into the block's devices word) or about
 // to be destroyed (forget_context).
@@ -271,6 +270,23 @@ void on_context_call(Gate& g, CUpti_CallbackId cbid, const CUpti_ResourceData* d
 // The GPUs seen so far into the block, where there is one; rings where that adds one.
 void publish_devices(Gate& g);
 bool enable_context_callbacks(CUpti_SubscriberHandle subscriber);
+
+// driver_stranded.cpp: a watched task's block as the own channel holds it (driver_channel.cpp)
+struct WatchedBlock {
+  const uint8_t* view = nullptr;  // mapped read-only, never unmapped: the GPU may read it
+  int fd = -1;                    // the daemon's read-only descriptor, kept to reopen it writable
+  long pid = 0;                   // its owner, as the daemon named it (0: not named)
+  int pidfd = -1;                 // of the owner, opened when the list came (-1: none)
+};
+// Watches the block behind `fd` (owner `pid`), taking the descriptor: false where it cannot be
+// mapped, or this process could not clear its words should the owner exit while the daemon is
+// gone (another user's block); the caller keeps `fd` then.
+bool watch_block(int fd, long pid, WatchedBlock* out);
+// Closes their descriptors (a list the daemon replaced).
+void close_blocks(const std::vector<WatchedBlock>& blocks);
+// The daemon is gone: a thread waits for each block's owner to exit and clears its activity
+// words if they are still raised, then closes them all.
+void free_stranded(std::vector<WatchedBlock> blocks);
 
 // driver_hold.cpp
 bool barriers_hold(Gate& g, const uint8_t* ctl);
