@@ -1,7 +1,7 @@
 """benchmarks/driver_gate/ab.sh, on the CPU: each variant's copy of the tree changed by its
-command, the variants interleaved round by round in alternating order, and ab_table.py's
-medians over the rounds. run.sh is a stub that records its runs and writes a cell whose P99
-ratio the variant's command chose."""
+command, the variants interleaved round by round in alternating order, and each variant's
+rounds combined (ab_merge.py) and printed by the defaults' table. run.sh is a stub that
+records its runs and writes a cell whose P99 ratio the variant's command chose."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ echo "$(basename "$PWD") $1 REPEATS=$REPEATS" >> "$AB_LOG"
 mkdir -p "$OUT/compiled"
 python3 - "$OUT/compiled/results.json" "$(cat VALUE)" <<'PY'
 import json, sys
-scenario = {"a_p99_ratio": float(sys.argv[2]), "b_kept": 0.4, "a_service_ms": {"mean": 1.4}}
-json.dump({"scenarios": {"gpreempt": scenario}}, open(sys.argv[1], "w"))
+scenario = {"a_p99_ratio": float(sys.argv[2]), "b_kept": 0.4, "valid": True, "spread": {}}
+params = {"case_a": "light", "load": 0.5, "bg": 1, "case_b": "stub", "repeats": 1}
+json.dump({"params": params, "scenarios": {"gpreempt": scenario}}, open(sys.argv[1], "w"))
 PY
 """
 
@@ -32,8 +33,10 @@ def tree(tmp_path: Path) -> Path:
     """A tree with ab.sh, its table and deadline.sh, and the stub run.sh."""
     root = tmp_path / "tree"
     (root / "benchmarks/driver_gate").mkdir(parents=True)
+    (root / "benchmarks/defaults").mkdir()
     shutil.copy(ROOT / "benchmarks/deadline.sh", root / "benchmarks")
-    for name in ("ab.sh", "ab_table.py"):
+    shutil.copy(ROOT / "benchmarks/defaults/table.py", root / "benchmarks/defaults")
+    for name in ("ab.sh", "ab_merge.py"):
         shutil.copy(ROOT / "benchmarks/driver_gate" / name, root / "benchmarks/driver_gate")
     (root / "benchmarks/driver_gate/run.sh").write_text(STUB_RUN)
     (root / "VALUE").write_text("1.0")
@@ -43,6 +46,7 @@ def tree(tmp_path: Path) -> Path:
 def _ab(tree: Path, tmp_path: Path, *variants: str, rounds: int = 3, first: int = 0):
     env = {
         "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT / "src"),
         "OUT": str(tmp_path / "out"),
         "ROUNDS": str(rounds),
         "FIRST_ROUND": str(first),
@@ -55,6 +59,18 @@ def _ab(tree: Path, tmp_path: Path, *variants: str, rounds: int = 3, first: int 
     )  # fmt: skip
 
 
+def _cells(table: str) -> dict[str, list[str]]:
+    """The defaults' table as printed: each cell's lines by its name (its header first)."""
+    cells: dict[str, list[str]] = {}
+    for line in table.splitlines():
+        if ": Case-A " in line:
+            name = line.split(":")[0].rsplit("/", 1)[-1]
+            cells[name] = []
+        if cells:
+            cells[name].append(line)
+    return cells
+
+
 def test_variants_run_interleaved_each_in_its_changed_copy(tree: Path, tmp_path: Path) -> None:
     done = _ab(tree, tmp_path, "now=:", "slower=echo 1.2 > VALUE")
     assert done.returncode == 0, done.stderr
@@ -65,9 +81,10 @@ def test_variants_run_interleaved_each_in_its_changed_copy(tree: Path, tmp_path:
     results = tmp_path / "out/slower/r2/compiled/results.json"
     assert json.loads(results.read_text())["scenarios"]["gpreempt"]["a_p99_ratio"] == 1.2
     assert (tree / "VALUE").read_text() == "1.0"  # the tree itself is left as it was
-    table = {line.split()[0]: line for line in done.stdout.splitlines() if "gpreempt" in line}
-    assert "1.200 [1.200-1.200]" in table["slower"] and table["slower"].endswith("n=3")
-    assert "1.000 [1.000-1.000]" in table["now"]
+    table = _cells(done.stdout)
+    assert "3 repeat(s)" in table["slower"][0]
+    assert "P99 ratio 1.20 [1.20-1.20]" in table["slower"][1]
+    assert "P99 ratio 1.00 [1.00-1.00]" in table["now"][1]
 
 
 def test_a_bad_variant_is_one_line_and_nothing_runs(tree: Path, tmp_path: Path) -> None:
@@ -91,5 +108,5 @@ def test_a_run_split_over_calls_numbers_its_rounds_on(tree: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr
     order = [line.split()[0] for line in (tmp_path / "runs.log").read_text().splitlines()]
     assert order == ["now", "b", "b", "now", "now", "b"]
-    assert sorted(p.name for p in (tmp_path / "out/b").iterdir()) == ["r0", "r1", "r2"]
-    assert any(line.endswith("n=3") for line in done.stdout.splitlines())
+    assert sorted(p.name for p in (tmp_path / "out/b").glob("r[0-9]*")) == ["r0", "r1", "r2"]
+    assert all("3 repeat(s)" in lines[0] for lines in _cells(done.stdout).values())

@@ -13,8 +13,9 @@
 # ROUNDS (default 3); FIRST_ROUND (default 0: the rounds of a run split over several calls
 # number on, and their order alternates on); REQUESTS as run.sh's; DEADLINE_S (seconds from the
 # start, unset: none) starts no run that would end past it. Each run's cell goes to
-# $OUT/NAME/rI/; ab_table.py prints the medians over the rounds of one OUT or several merged,
-# which it also prints at the end.
+# $OUT/NAME/rI/; at the end ab_merge.py combines each variant's rounds into
+# $OUT/NAME/results.json (the rounds of several calls' OUTs put together first, where they were
+# split), which benchmarks/defaults/table.py prints.
 set -u
 : "${OUT:?set OUT to an output directory}"
 : "${ROUNDS:=3}" "${FIRST_ROUND:=0}"
@@ -53,4 +54,6 @@ for ((round = FIRST_ROUND; round < FIRST_ROUND + ROUNDS; round++)); do
       bash benchmarks/driver_gate/run.sh "$group")
   done
 done
-python3 "$root/benchmarks/driver_gate/ab_table.py" "$OUT"
+# shellcheck disable=SC2046  # one folder per variant, none with spaces
+python3 "$root/benchmarks/defaults/table.py" $(PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 "$root/benchmarks/driver_gate/ab_merge.py" "$OUT")
