@@ -118,22 +118,11 @@ void discover_streams(Gate& g, int64_t now) {
   }
 }
 
-void drop_asleep_marks(StreamState& st) {
-  for (Mark& m : st.asleep_marks) {
-    cu()->cuEventDestroy(m.event);
-    if (m.before != nullptr) {
-      cu()->cuEventDestroy(m.before);
-    }
-  }
-  st.asleep_marks.clear();
-}
-
 void forget_asleep_marks(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
   for (auto& [key, st] : g.streams) {
     for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
-      give_event(g, st.context, m.event, m.timed);
-      give_event(g, st.context, m.before, true);
+      give_mark(g, st.context, m);
     }
     st.asleep_marks.clear();
     st.drain.reset();

@@ -318,6 +318,8 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nul
 CUevent take_event(Gate& g, CUcontext ctx, bool timed);
 // Back to `ctx`'s spares (mu held); nothing for null.
 void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed);
+// A retired mark's events (behind, before and fence) back to `ctx`'s spares (mu held).
+void give_mark(Gate& g, CUcontext ctx, const Mark& m);
 // An event recorded on `stream` (of context `ctx`, current) now, timed or not (mu held); null
 // where it could not be.
 CUevent record_event(Gate& g, CUcontext ctx, CUstream stream, bool timed);
@@ -351,9 +353,7 @@ void retire_marks(Gate& g, CUcontext ctx, std::deque<Mark>& marks, Span span) {
       return;
     }
     span(first, second);
-    give_event(g, ctx, first.event, first.timed);
-    give_event(g, ctx, first.before, true);
-    give_event(g, ctx, first.fence, false);
+    give_mark(g, ctx, first);
     marks.pop_front();
   }
 }
@@ -375,8 +375,6 @@ void check_idle(Gate& g, int64_t now);
 void asleep_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
-// Destroys a forgotten stream's asleep marks (mu held).
-void drop_asleep_marks(StreamState& st);
 // The gate woke: every stream's asleep marks' events go back to the spares and its spans are
 // forgotten, so that its next sleep learns afresh (takes mu).
 void forget_asleep_marks(Gate& g);

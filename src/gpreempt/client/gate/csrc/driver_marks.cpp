@@ -34,6 +34,12 @@ void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed) {
   }
 }
 
+void give_mark(Gate& g, CUcontext ctx, const Mark& m) {
+  give_event(g, ctx, m.event, m.timed);
+  give_event(g, ctx, m.before, true);
+  give_event(g, ctx, m.fence, false);
+}
+
 namespace {
 
 // The device address of a control block word; its page is registered once and stays so.
@@ -323,17 +329,18 @@ void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key) {
 
 namespace {
 
-// Destroys the events of a stream the gate forgets (mu held).
+// Destroys the events of a stream the gate forgets, awake and asleep marks' (mu held): each is
+// released once its work completed.
 void drop_stream(StreamState& st) {
-  for (Mark& m : st.marks) {
-    cu()->cuEventDestroy(m.event);  // released once its work completed
-    for (CUevent e : {m.before, m.fence}) {
-      if (e != nullptr) {
-        cu()->cuEventDestroy(e);
+  for (const std::deque<Mark>* marks : {&st.marks, &st.asleep_marks}) {
+    for (const Mark& m : *marks) {
+      for (CUevent e : {m.event, m.before, m.fence}) {
+        if (e != nullptr) {
+          cu()->cuEventDestroy(e);
+        }
       }
     }
   }
-  drop_asleep_marks(st);
 }
 
 }  // namespace
