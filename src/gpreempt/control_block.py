@@ -274,7 +274,7 @@ class ControlBlock:
         """The GPUs (physical indexes) the process made a CUDA context on, as its driver-level
         gate saw them: a process may drive several GPUs without saying so."""
         bits = _U64.unpack_from(self._map, OFF_DEVICES)[0]
-        return frozenset(i for i in range(64) if bits >> i & 1)
+        return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
 
     # client side
     @property

@@ -18,30 +18,27 @@ class TaskGpus:
     registered: tuple[int, ...]
     #: GPUs its processes added (not among those it registered on), by connection id.
     added: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    #: All of them, those it registered on first.
-    all: tuple[int, ...] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.all = self.registered
+    @property
+    def all(self) -> tuple[int, ...]:
+        """All of them, those it registered on first."""
+        extra = dict.fromkeys(gpu for gpus in self.added.values() for gpu in gpus)
+        return (*self.registered, *extra)
 
     def add(self, gpu: int, conn_id: int) -> bool:
         """Count ``gpu`` while connection ``conn_id`` lasts; True where it is new. No more
         than :data:`MAX_GPUS`, as a registration may name."""
         if gpu in self.registered:
             return False
-        new = gpu not in self.all
-        if new and len(self.all) >= MAX_GPUS:
+        counted = self.all
+        new = gpu not in counted
+        if new and len(counted) >= MAX_GPUS:
             return False
         mine = self.added.get(conn_id, ())
         if gpu not in mine:  # each process's own: another's going leaves it
             self.added[conn_id] = (*mine, gpu)
-        if new:
-            self.all = (*self.all, gpu)
         return new
 
     def drop(self, conn_id: int) -> None:
         """The process of connection ``conn_id`` is gone: the GPUs only it added go too."""
-        gone = set(self.added.pop(conn_id, ()))
-        gone.difference_update(*self.added.values())
-        if gone:
-            self.all = tuple(g for g in self.all if g not in gone)
+        self.added.pop(conn_id, None)
