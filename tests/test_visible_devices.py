@@ -59,7 +59,7 @@ def test_an_ordinal_is_the_physical_gpu_a_rank_would_name(rule: Path) -> None:
     out = subprocess.run([str(rule)], input=lines, capture_output=True, text=True, check=True)
     assert [int(x) for x in out.stdout.split()] == [want for _, _, want in CASES]
     for ordinal, visible, want in CASES:
-        if 0 <= ordinal and want >= 0:  # where both can tell, they agree
+        if ordinal >= 0 and want >= 0:  # where both can tell, they agree
             env = {"LOCAL_RANK": str(ordinal)}
             if visible is not None:
                 env["CUDA_VISIBLE_DEVICES"] = visible.replace("_", " ")
