@@ -11,14 +11,15 @@
 #   old="rm -rf src && tar -xzf old.tgz"   (old.tgz from `git archive -o old.tgz REV src`,
 #                                           put in the tree so that it travels with it)
 # ROUNDS (default 3); FIRST_ROUND (default 0: the rounds of a run split over several calls
-# number on, and their order alternates on); REQUESTS as run.sh's; DEADLINE_S (seconds from the
-# start, unset: none) starts no run that would end past it. Each run's cell goes to
+# number on, and their order alternates on); REQUESTS as run.sh's; RUN_S (default 270) the
+# seconds one run of the group is given (the compiled cell, 1 repeat, takes about 240);
+# DEADLINE_S (seconds from the start, unset: none) starts no run that would end past it. Each run's cell goes to
 # $OUT/NAME/rI/; at the end ab_merge.py combines each variant's rounds into
 # $OUT/NAME/results.json (the rounds of several calls' OUTs put together first, where they were
 # split), which benchmarks/defaults/table.py prints.
 set -u
 : "${OUT:?set OUT to an output directory}"
-: "${ROUNDS:=3}" "${FIRST_ROUND:=0}"
+: "${ROUNDS:=3}" "${FIRST_ROUND:=0}" "${RUN_S:=270}"
 [ $# -ge 3 ] || { echo "usage: OUT=dir bash $0 GROUP NAME=COMMAND NAME=COMMAND ..." >&2; exit 2; }
 group=$1
 shift
@@ -48,7 +49,7 @@ for ((round = FIRST_ROUND; round < FIRST_ROUND + ROUNDS; round++)); do
     for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
   fi
   for name in "${order[@]}"; do
-    limit=$(deadline_limit 150) || { echo "ab: DEADLINE_S is near: stopped"; break 2; }
+    limit=$(deadline_limit "$RUN_S") || { echo "ab: DEADLINE_S is near: stopped"; break 2; }
     echo "== round $((round + 1)): $name"
     (cd "$copies/$name" && DEADLINE_S=$limit REPEATS=1 OUT="$OUT/$name/r$round" \
       bash benchmarks/driver_gate/run.sh "$group")
