@@ -157,6 +157,15 @@ class ControlBlock:
         if not closed:
             futex.wake(self._address + OFF_GATE_CLOSED)
 
+    def release(self) -> None:
+        """The daemon that wrote this block's words is gone (client): lift its in-flight share
+        and let the gate sleep, then open the gate. Nothing can preempt the process until a
+        daemon adopts the block again and says otherwise; a share left set would keep its gate
+        tight and putting barriers, and a sleep left forbidden would keep it awake, for good."""
+        self.set_window_share(None)
+        self.set_sleep_ok(True)
+        self.set_gate(False)
+
     def close_while_watched(self, version: int) -> None:
         """Keep a closed gate closed only while the tasks of watch list ``version`` are active
         (daemon); :meth:`set_gate` closes it again for good. Wakes the gate's sleeping

@@ -90,9 +90,9 @@ class Session:
         self._watcher.start()
 
     def _watch(self) -> None:
-        """While connected, wait for the daemon to go away; then open our own gate at once and
-        offer the same control block to the next daemon of the runtime directory, so the gate
-        and the request count carry over."""
+        """While connected, wait for the daemon to go away; then release our own block at once
+        (the gate open, no share, free to sleep) and offer it to the next daemon of the runtime
+        directory, so the gate and the request count carry over."""
         while True:
             connection = self.client.connection
             connection.sock.settimeout(None)
@@ -109,7 +109,7 @@ class Session:
             self.connected = False
             self._set_watched([], 0, stranded=True)
             try:
-                self.control.set_gate(False)
+                self.control.release()
             except (ValueError, TypeError):
                 return  # the block was closed during interpreter shutdown
             self.client.close()

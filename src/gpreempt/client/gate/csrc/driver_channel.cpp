@@ -121,9 +121,13 @@ int connect_channel() {
   return fd;
 }
 
-// Opens the gate for good (the daemon that closed it is gone) and wakes a waiting launch.
-void open_gate(Gate& g) {
+// The daemon that wrote the block's words is gone: lifts its in-flight share and lets the gate
+// sleep (a share left set kept the barriers on, a sleep left forbidden the callbacks, for good),
+// then opens the gate and wakes a waiting launch (ControlBlock.release).
+void release_block(Gate& g) {
   uint8_t* ctl = g.ctl.load();
+  store32(ctl, kOffWindowShareUs, 0);
+  store32(ctl, kOffSleepOk, 1);
   store32(ctl, kOffGateClosed, 0);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(ctl + kOffGateClosed), FUTEX_WAKE, 1 << 30,
           nullptr, nullptr, 0);
@@ -245,7 +249,7 @@ void channel_loop(int fd) {
     fds.clear();
     pending.clear();
     g.watch.store(nullptr, std::memory_order_release);
-    open_gate(g);
+    release_block(g);
     // barriers already queued may wait on the watched words: freed where their owner exits
     free_stranded(std::move(watched));
     watched.clear();

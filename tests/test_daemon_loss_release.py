@@ -1,0 +1,90 @@
+"""A client whose daemon is gone lifts what that daemon wrote into its control block.
+
+The daemon gives a task's gate an in-flight share while a more important task is registered
+on its GPU (the gate stays tight, and its driver-level gate puts stream barriers), and lets it
+sleep only while none was active for a while. Once the daemon is gone nothing can preempt the
+process: left as they were, the share would keep the gate tight and putting barriers, and a
+forbidden sleep would keep it awake, until a daemon adopts the block again. Read here from
+outside, as the daemon would, through the block's descriptor in ``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import sys
+from pathlib import Path
+
+from conftest import Daemon, gpreempt, spawn, stop_all, wait_for
+from test_driver_gate import OWN_CHANNEL, _library
+
+from gpreempt.control import OFF_GATE_CLOSED, OFF_SLEEP_OK, OFF_WINDOW_SHARE_US
+
+SERVER = "from gpreempt.client import session; import time; session.current(); time.sleep(60)"
+
+
+def own_block(pid: int) -> dict[str, int] | None:
+    """The words of process ``pid``'s own control block (the one memfd it holds writable: those
+    it watches came read-only), or None while it has none."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if target.startswith("/memfd:gpreempt-control") and int(flags, 8) & 3 == os.O_RDWR:
+            with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
+                words = f.read(64)
+            return {
+                name: struct.unpack_from("<I", words, offset)[0]
+                for name, offset in (
+                    ("gate", OFF_GATE_CLOSED),
+                    ("share_us", OFF_WINDOW_SHARE_US),
+                    ("sleep_ok", OFF_SLEEP_OK),
+                )
+            }
+    return None
+
+
+def task_pid(runtime_dir: Path, name: str) -> int | None:
+    reply = gpreempt(runtime_dir, "status", "--json")
+    tasks = json.loads(reply.stdout)["tasks"] if reply.returncode == 0 else []
+    return next((t["pid"] for t in tasks if t["name"] == name), None)
+
+
+def _released_when_the_daemon_dies(runtime_dir: Path, low_command: list[str]) -> None:
+    daemon = Daemon(runtime_dir)
+    low = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *low_command)
+    high = spawn(runtime_dir, "run", "--priority", "high", "--", sys.executable, "-c", SERVER)
+    try:
+        assert wait_for(lambda: task_pid(runtime_dir, "trainer") is not None, 20)
+        pid = task_pid(runtime_dir, "trainer")
+        assert pid is not None
+        # a more important task registered on its GPU: the daemon gives the trainer a share
+        assert wait_for(lambda: (own_block(pid) or {}).get("share_us", 0) != 0, 20)
+        daemon.stop(signal.SIGKILL)
+
+        def released() -> bool:
+            words = own_block(pid) or {}
+            return words == {"gate": 0, "share_us": 0, "sleep_ok": 1}
+
+        assert wait_for(released, 10), own_block(pid)
+    finally:
+        stop_all(low, high)
+        daemon.stop()
+
+
+def test_a_python_client_lifts_its_share_when_the_daemon_dies(runtime_dir) -> None:
+    _released_when_the_daemon_dies(runtime_dir, [sys.executable, "-c", SERVER])
+
+
+def test_a_program_on_its_own_channel_lifts_its_share_when_the_daemon_dies(
+    runtime_dir, tmp_path
+) -> None:
+    _library()
+    version = tmp_path / "version"
+    _released_when_the_daemon_dies(
+        runtime_dir, [sys.executable, "-S", "-c", OWN_CHANNEL, str(version)]
+    )
