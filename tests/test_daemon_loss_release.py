@@ -22,7 +22,8 @@ from test_driver_gate import OWN_CHANNEL, _library
 
 from gpreempt.control import OFF_GATE_CLOSED, OFF_SLEEP_OK, OFF_WINDOW_SHARE_US
 
-SERVER = "from gpreempt.client import session; import time; session.current(); time.sleep(60)"
+#: A process with the Python client that launches nothing: it registers and waits.
+IDLE_CLIENT = "from gpreempt.client import session; import time; session.current(); time.sleep(60)"
 
 
 def own_block(pid: int) -> dict[str, int] | None:
@@ -57,7 +58,7 @@ def task_pid(runtime_dir: Path, name: str) -> int | None:
 def _released_when_the_daemon_dies(runtime_dir: Path, low_command: list[str]) -> None:
     daemon = Daemon(runtime_dir)
     low = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *low_command)
-    high = spawn(runtime_dir, "run", "--priority", "high", "--", sys.executable, "-c", SERVER)
+    high = spawn(runtime_dir, "run", "--priority", "high", "--", sys.executable, "-c", IDLE_CLIENT)
     try:
         assert wait_for(lambda: task_pid(runtime_dir, "trainer") is not None, 20)
         pid = task_pid(runtime_dir, "trainer")
@@ -77,7 +78,7 @@ def _released_when_the_daemon_dies(runtime_dir: Path, low_command: list[str]) ->
 
 
 def test_a_python_client_lifts_its_share_when_the_daemon_dies(runtime_dir) -> None:
-    _released_when_the_daemon_dies(runtime_dir, [sys.executable, "-c", SERVER])
+    _released_when_the_daemon_dies(runtime_dir, [sys.executable, "-c", IDLE_CLIENT])
 
 
 def test_a_program_on_its_own_channel_lifts_its_share_when_the_daemon_dies(

@@ -12,9 +12,9 @@
 #                                           put in the tree so that it travels with it)
 # ROUNDS (default 3); FIRST_ROUND (default 0: the rounds of a run split over several calls
 # number on, and their order alternates on); REQUESTS as run.sh's; RUN_S (default 270) the
-# seconds one run of the group is given (the compiled cell, 1 repeat, takes about 240);
-# DEADLINE_S (seconds from the start, unset: none) starts no run that would end past it. Each run's cell goes to
-# $OUT/NAME/rI/; at the end ab_merge.py combines each variant's rounds into
+# seconds one run of the group is given (the compiled cell, 1 repeat, takes 160-240);
+# DEADLINE_S (seconds from the start, unset: none) starts no run that would end past it.
+# Each run's cell goes to $OUT/NAME/rI/; at the end ab_merge.py combines each variant's rounds into
 # $OUT/NAME/results.json (the rounds of several calls' OUTs put together first, where they were
 # split), which benchmarks/defaults/table.py prints.
 set -u
