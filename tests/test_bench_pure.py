@@ -173,7 +173,7 @@ def test_the_daemons_hold_checks_are_counted():
     assert daemon_events.late_steps([0.15], [(0.10, 0.20)], 0.01) == [pytest.approx(0.05)]
 
 
-def test_service_time_leaves_the_queue_out_and_can_keep_only_idle_arrivals():
+def test_service_time_leaves_the_queue_out_and_splits_idle_and_queued_arrivals():
     # request 1 arrives at 0.000, starts at once, ends at 0.010; request 2 arrives at 0.005,
     # while 1 runs, so it starts at 0.010; request 3 arrives at 0.050, to an idle server
     serve = {
@@ -182,7 +182,8 @@ def test_service_time_leaves_the_queue_out_and_can_keep_only_idle_arrivals():
         "end": [0.010, 0.014, 0.054],
     }
     assert scenario_metrics.a_service_ms(serve) == pytest.approx([10.0, 4.0, 3.0])
-    assert scenario_metrics.a_service_ms(serve, idle_only=True) == pytest.approx([10.0, 3.0])
+    assert scenario_metrics.a_service_ms(serve, "idle") == pytest.approx([10.0, 3.0])
+    assert scenario_metrics.a_service_ms(serve, "busy") == pytest.approx([4.0])
     # busy 10 + 4 + 3 ms of the 54 ms window; a window that cuts request 1 in half counts half
     assert scenario_metrics.a_busy(serve, (0.0, 0.054)) == pytest.approx(17 / 54)
     assert scenario_metrics.a_busy(serve, (0.005, 0.054)) == pytest.approx(12 / 49)

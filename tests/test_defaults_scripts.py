@@ -77,6 +77,28 @@ def test_table_prints_a_committed_cell_with_its_spread_and_the_alone_span() -> N
     assert "service P99 ms" in rows["gpreempt"]
 
 
+def test_table_prints_the_queued_requests_service_where_the_run_recorded_it(tmp_path) -> None:
+    params = {"case_a": "light", "load": 0.5, "bg": 1, "case_b": "stub", "repeats": 1}
+    row = {"a_p99_ratio": 1.1, "b_kept": 0.4, "valid": True, "spread": {}}
+    cells = {
+        "now": {**row, "a_service_queued_ms": {"p50": 1.234}},
+        "old": row,  # a run from before the bench recorded it
+    }
+    for name, scenario in cells.items():
+        (tmp_path / name).mkdir()
+        results = {"params": params, "scenarios": {"gpreempt": scenario}}
+        (tmp_path / name / "results.json").write_text(json.dumps(results))
+    done = subprocess.run(
+        [sys.executable, str(DEFAULTS / "table.py"), str(tmp_path / "now"), str(tmp_path / "old")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    now, old = (line for line in done.stdout.splitlines() if line.lstrip().startswith("gpreempt"))
+    assert "queued p50 ms 1.23" in now
+    assert "queued" not in old
+
+
 def test_eager_gaps_unions_a_requests_gpu_spans_and_finds_its_idle_gaps() -> None:
     gaps = _load("eager_gaps")
     # kernels at 10-20 and 15-30 overlap, then idle 30-50 and 60-90, the last runs past the end

@@ -8,7 +8,9 @@ ratio, and the range of Case-A's P99 alone over every run of a-alone and a-alone
 a server whose tail moves that much alone, "P99 inside the alone range" is what can be read).
 Its service time's P99 too, alone (the same range) and per scenario: a machine on which the
 server alone is slower shows there, apart from what the trainer costs it; and, where
-recorded, its slow requests in stretches (``a_slow_stretched``), alone and per scenario.
+recorded, its slow requests in stretches (``a_slow_stretched``), alone and per scenario, and
+the median service of the requests that queued behind another, which met a trainer already
+held (``a_service_queued_ms``), per scenario.
 """
 
 from __future__ import annotations
@@ -96,11 +98,17 @@ def rows(folder: Path) -> list[str]:
             if row.get("a_slow_stretched") is not None
             else ""
         )
+        # requests that met a trainer already held; runs before it: none
+        queued = (
+            f" queued p50 ms {_span(row, 'a_service_queued_ms.p50')}"
+            if row.get("a_service_queued_ms") is not None
+            else ""
+        )
         lines.append(
             f"  {name:22s} P99 ratio {_span(row, 'a_p99_ratio'):20s} "
             f"P99 ms {_span(row, 'a_latency_ms.p99'):22s}{inside} "
             f"B kept {_span(row, 'b_kept'):20s}{busy}{late}"
-            f" service P99 ms {_span(row, 'a_service_ms.p99')}{stretched}{valid}"
+            f" service P99 ms {_span(row, 'a_service_ms.p99')}{queued}{stretched}{valid}"
         )
     return lines
 

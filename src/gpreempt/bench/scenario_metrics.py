@@ -3,7 +3,9 @@
 - Case-A latency = completion - *scheduled* arrival (queueing counts); ``a_p99_ratio`` against
   Case-A alone on the same arrivals. ``a_service_ms``: completion - start, the request's own
   time without its wait in the queue (``a_service_idle_ms``: only the requests that found the
-  server idle, which are the ones that may wait for a trainer's queued work first).
+  server idle, which are the ones that may wait for a trainer's queued work first;
+  ``a_service_queued_ms``: only those that queued behind another, which find a trainer already
+  held: what a held trainer still costs the server, without its hold's reaction).
 - ``a_served``: Case-A's requests per second from first arrival to last completion, against
   Case-A alone (1.0 = kept up with the offered load as well as alone).
 - ``b_kept``: Case-B steps per second completed inside Case-A's window (first arrival to last
@@ -50,13 +52,15 @@ def a_latencies_ms(serve: dict[str, Any]) -> list[float]:
     ]
 
 
-def a_service_ms(serve: dict[str, Any], idle_only: bool = False) -> list[float]:
-    """Per request: completion - start, in ms; with ``idle_only``, only the requests that
-    arrived after the previous one had completed."""
+def a_service_ms(serve: dict[str, Any], found: str | None = None) -> list[float]:
+    """Per request: completion - start, in ms; with ``found`` "idle", only the requests that
+    arrived after the previous one had completed; "busy", only those that arrived before (they
+    queued behind it, and met a trainer already held)."""
     rows = zip(serve["scheduled"], serve["start"], serve["end"], strict=False)
     times, previous_end = [], float("-inf")
     for due, start, end in rows:
-        if not idle_only or due >= previous_end:
+        idle = due >= previous_end
+        if found is None or idle == (found == "idle"):
             times.append((end - start) * 1000.0)
         previous_end = end
     return times
@@ -148,7 +152,8 @@ def scenario_metrics(
         latency = stats.latency_summary(a_latencies_ms(raw.serve))
         row["a_latency_ms"] = latency
         row["a_service_ms"] = stats.latency_summary(a_service_ms(raw.serve))
-        row["a_service_idle_ms"] = stats.latency_summary(a_service_ms(raw.serve, idle_only=True))
+        row["a_service_idle_ms"] = stats.latency_summary(a_service_ms(raw.serve, "idle"))
+        row["a_service_queued_ms"] = stats.latency_summary(a_service_ms(raw.serve, "busy"))
         row["a_p99_ratio"] = stats.ratio(latency["p99"] if latency else None, ref_p99)
         row["a_served"] = stats.ratio(
             a_served_rate(raw), a_served_rate(a_alone) if a_alone else None
@@ -163,6 +168,7 @@ def scenario_metrics(
             a_latency_ms=None,
             a_service_ms=None,
             a_service_idle_ms=None,
+            a_service_queued_ms=None,
             a_p99_ratio=None,
             a_requests=0,
             a_busy=0.0 if raw.name == "b-alone" else None,
