@@ -58,10 +58,8 @@ keep() {  # cell name, the bench folder it ran in
     for f in case-a.json case-b-0.json events.jsonl; do
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
-    # the steps inside active periods, and the service of requests served while the trainer
-    # stayed held (less bound to the run's few slowest requests than its P99)
     echo "  $(basename "$kept"): $(python3 benchmarks/driver_gate/held_progress.py "$kept" 2>&1 |
-      sed -n '2p;/stayed active/p;/holds no trainer/p' | paste -sd ';' -)"
+      sed -n '2p;/holds no trainer/p')"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
     grep -c 'does not hold'), backstop locks: $(cat $(find "$dir" -name events.jsonl) \
