@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -70,6 +71,17 @@ def gpreempt(runtime_dir: Path, *args: str, **kwargs) -> subprocess.CompletedPro
         timeout=kwargs.pop("timeout", 30),
         **kwargs,
     )
+
+
+def tasks(runtime_dir: Path) -> list[dict]:
+    """The daemon's tasks as ``status --json`` gives them."""
+    result = gpreempt(runtime_dir, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["tasks"]
+
+
+def task_named(runtime_dir: Path, name: str) -> dict | None:
+    return next((t for t in tasks(runtime_dir) if t["name"] == name), None)
 
 
 def spawn(runtime_dir: Path, *args: str) -> subprocess.Popen:

@@ -10,7 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, process_state, run_counter, spawn, wait_for
+from conftest import (
+    Counter,
+    Daemon,
+    gpreempt,
+    process_state,
+    run_counter,
+    spawn,
+    task_named,
+    tasks,
+    wait_for,
+)
 
 HIGH_REQUEST = """
 import gpreempt, sys, time
@@ -34,16 +44,6 @@ def start_high_request(
         runtime_dir, "run", "-p", "high", "--name", "server", "--",
         "python3", str(script), str(marker), str(seconds),
     )  # fmt: skip
-
-
-def tasks(runtime_dir: Path) -> list[dict]:
-    result = gpreempt(runtime_dir, "status", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["tasks"]
-
-
-def task_named(runtime_dir: Path, name: str) -> dict | None:
-    return next((t for t in tasks(runtime_dir) if t["name"] == name), None)
 
 
 def test_low_task_stops_while_high_request_open(

@@ -10,14 +10,13 @@ outside, as the daemon would, through the block's descriptor in ``/proc``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import struct
 import sys
 from pathlib import Path
 
-from conftest import Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import Daemon, spawn, stop_all, task_named, wait_for
 from test_driver_gate import OWN_CHANNEL, _library
 
 from gpreempt.control import OFF_GATE_CLOSED, OFF_SLEEP_OK, OFF_WINDOW_SHARE_US
@@ -49,20 +48,13 @@ def own_block(pid: int) -> dict[str, int] | None:
     return None
 
 
-def task_pid(runtime_dir: Path, name: str) -> int | None:
-    reply = gpreempt(runtime_dir, "status", "--json")
-    tasks = json.loads(reply.stdout)["tasks"] if reply.returncode == 0 else []
-    return next((t["pid"] for t in tasks if t["name"] == name), None)
-
-
 def _released_when_the_daemon_dies(runtime_dir: Path, low_command: list[str]) -> None:
     daemon = Daemon(runtime_dir)
     low = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *low_command)
     high = spawn(runtime_dir, "run", "--priority", "high", "--", sys.executable, "-c", IDLE_CLIENT)
     try:
-        assert wait_for(lambda: task_pid(runtime_dir, "trainer") is not None, 20)
-        pid = task_pid(runtime_dir, "trainer")
-        assert pid is not None
+        assert wait_for(lambda: task_named(runtime_dir, "trainer") is not None, 20)
+        pid = task_named(runtime_dir, "trainer")["pid"]
         # a more important task registered on its GPU: the daemon gives the trainer a share
         assert wait_for(lambda: (own_block(pid) or {}).get("share_us", 0) != 0, 20)
         daemon.stop(signal.SIGKILL)

@@ -4,7 +4,6 @@ call is in flight, and goes on once it ended."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -15,7 +14,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Counter, Daemon, gpreempt, process_state, run_counter, spawn, wait_for
+from conftest import (
+    Counter,
+    Daemon,
+    process_state,
+    run_counter,
+    spawn,
+    task_named,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -103,11 +110,6 @@ Model().generate(1.5)
 (here / "done").write_text("1")
 time.sleep(60)
 """
-
-
-def task_named(runtime_dir: Path, name: str) -> dict | None:
-    reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-    return next((t for t in reply["tasks"] if t["name"] == name), None)
 
 
 @pytest.fixture
