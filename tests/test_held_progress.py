@@ -111,12 +111,56 @@ def test_slow_requests_in_a_stretch_and_the_trainer_step_over_it(tmp_path: Path,
     (folder / "case-b-0.json").write_text(json.dumps({"step_end_t": steps}))
     r = _load().summary(folder)
     assert r["slow"]["slow"] == 3 and r["slow"]["in_stretches"] == 2
+    assert r["slow"]["queued"] == 2  # the first found the server idle
     assert r["slow"]["longest_step_ms"] == pytest.approx(50.0)
     assert r["slow"]["longest_request_ms"] == pytest.approx(3.0)
     assert "active_share" not in r
     assert _load().main([str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "in stretches 2" in out and "server active" not in out
+    assert "3 (2 queued behind another), in stretches 2" in out and "server active" not in out
+
+
+def _slow_run(folder: Path) -> dict:
+    """Ten requests of 1 ms every 4 ms from t=10, the fifth one of 3 ms."""
+    starts = [10.0 + 0.004 * i for i in range(10)]
+    ends = [s + (0.003 if i == 4 else 0.001) for i, s in enumerate(starts)]
+    server = {"scheduled": starts, "start": starts, "end": ends}
+    folder.mkdir()
+    (folder / "case-a.json").write_text(json.dumps(server))
+    (folder / "case-b-0.json").write_text(json.dumps({"step_end_t": [9.9, 10.0, 10.1]}))
+    return server
+
+
+def test_the_gpus_clocks_while_the_slow_requests_ran(tmp_path: Path, capsys):
+    """gpu_clocks.py's samples, gzipped, one every 0.5 ms: at 1200 MHz with a throttling reason
+    (4) while the slow request ran, at 1980 with none otherwise; those outside any request
+    count nowhere."""
+    server = _slow_run(tmp_path / "run")
+    slow = (server["start"][4], server["end"][4])
+    rows = []
+    for k in range(90):
+        t = 9.99525 + 0.0005 * k
+        mhz, reason = (1200, 4) if slow[0] <= t <= slow[1] else (1980, 0)
+        rows.append(json.dumps([t, mhz, 300000, 40, reason, 50]))
+    clocks = tmp_path / "clocks.jsonl.gz"
+    clocks.write_bytes(gzip.compress(("\n".join(reversed(rows)) + "\n").encode()))
+    assert _load().main(["--json", "--clocks", str(clocks), str(tmp_path / "run")]) == 0
+    (r,) = json.loads(capsys.readouterr().out).values()
+    assert r["clocks"]["slow"] == {
+        "samples": 6, "sm_mhz_p50": 1200, "sm_mhz_min": 1200, "reasons": [4]}  # fmt: skip
+    assert r["clocks"]["other"]["sm_mhz_min"] == 1980 and r["clocks"]["other"]["reasons"] == [0]
+    assert r["clocks"]["other"]["samples"] == 9 * 2
+    assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "the slow requests ran: 6 samples, SM clock median 1200 MHz" in out
+
+
+def test_a_clocks_file_that_is_not_one_gets_one_line(tmp_path: Path):
+    _slow_run(tmp_path / "run")
+    (tmp_path / "clocks.txt").write_text("SM clock 1980\n")
+    with pytest.raises(SystemExit) as exit_info:
+        _load().main(["--clocks", str(tmp_path / "clocks.txt"), str(tmp_path / "run")])
+    assert "is not gpu_clocks.py's output" in str(exit_info.value)
 
 
 @pytest.mark.parametrize("layout", ["kept", "bench"])

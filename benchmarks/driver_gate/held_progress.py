@@ -16,11 +16,15 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
   its work going on, but the GPU or the CPU shared with something else;
 * how long the daemon took from the server's ``active`` event to the trainer's ``suspend``
   (median and longest): a long one beside a slow request points at the machine's CPU side
-  (the daemon uses no GPU), not at a GPU shared with held work.
+  (the daemon uses no GPU), not at a GPU shared with held work;
+* with ``--clocks FILE`` (``gpu_clocks.py``'s samples over the run), the GPU's SM clock and
+  its clock-event reasons while the slow requests ran, against the other requests: a slow
+  request at full clock, no reason given, met other work, not a slower GPU.
 
-Without ``events.jsonl`` (a run kept without it) only the last part is printed.
+Without ``events.jsonl`` (a run kept without it) only the slow requests are printed.
 
-    python3 benchmarks/driver_gate/held_progress.py [--json] [--grace-ms MS] RUN_FOLDER...
+    python3 benchmarks/driver_gate/held_progress.py [--json] [--grace-ms MS] [--clocks FILE]
+        RUN_FOLDER...
 """
 
 from __future__ import annotations
@@ -65,21 +69,63 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def slow_requests(server: dict[str, Any]) -> list[int]:
+    """The indices of the requests slower than twice the run's median service time."""
+    service = scenario_metrics.a_service_ms(server)
+    limit = scenario_metrics.slow_limit_ms(service) if service else 0.0
+    return [i for i, ms in enumerate(service) if ms > limit]
+
+
 def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
-    """Requests slower than twice the run's median service time; those of them in stretches
+    """Requests slower than twice the run's median service time; those of them that queued
+    behind the one before (the trainer already held when they started); those in stretches
     (``scenario_metrics.slow_stretch``); the trainer's longest step that overlaps one (ms)."""
     service = scenario_metrics.a_service_ms(server)
     limit = scenario_metrics.slow_limit_ms(service)
     stretched = scenario_metrics.slow_stretch(server)
-    s = server["start"]
+    slow = slow_requests(server)
+    s, due = server["start"], server["scheduled"]
+    queued = sum(1 for i in slow if i > 0 and due[i] < server["end"][i - 1])
     ends = trainer["step_end_t"]
     longest = 0.0
     for a, b in zip(ends, ends[1:], strict=False):
         if any(a < s[i] < b for i in stretched):
             longest = max(longest, (b - a) * 1e3)
-    return {"limit_ms": limit, "slow": sum(1 for ms in service if ms > limit),
+    return {"limit_ms": limit, "slow": len(slow), "queued": queued,
             "in_stretches": len(stretched), "longest_step_ms": longest,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
+
+
+def read_clocks(path: Path) -> list[list[float]]:
+    """``gpu_clocks.py``'s samples (a JSON array a line, the file gzipped or not), by time."""
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+    try:
+        samples = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as error:
+        raise SystemExit(f"held_progress: {path} is not gpu_clocks.py's output ({error})") from None
+    return sorted(samples)
+
+
+def clocks_during(server: dict[str, Any], samples: list[list[float]]) -> dict[str, Any]:
+    """The samples taken while the slow requests ran (:func:`slow_requests`) and while the
+    others did: how many, the SM clock's median and lowest (MHz), the clock-event reasons
+    seen (NVML's bitmask values)."""
+    times = [sample[0] for sample in samples]
+    slow = set(slow_requests(server))
+    found: dict[str, list[list[float]]] = {"slow": [], "other": []}
+    for i, (start, end) in enumerate(zip(server["start"], server["end"], strict=False)):
+        first, last = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        found["slow" if i in slow else "other"].extend(samples[first:last])
+    return {
+        kind: {
+            "samples": len(rows),
+            "sm_mhz_p50": _q([r[1] for r in rows], 0.5),
+            "sm_mhz_min": min((r[1] for r in rows), default=float("nan")),
+            "reasons": sorted({int(r[4]) for r in rows}),
+        }
+        for kind, rows in found.items()
+    }
 
 
 def run_grace_ms(folder: Path, default: float = DEFAULT_IDLE_GRACE_MS) -> float:
@@ -142,15 +188,20 @@ def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[
     return {"p50": _q(lags, 0.5), "max": max(lags, default=float("nan")), "n": len(lags)}
 
 
-def summary(folder: Path, grace_ms: float | None = None) -> dict[str, Any]:
+def summary(
+    folder: Path, grace_ms: float | None = None, clocks: list[list[float]] | None = None
+) -> dict[str, Any]:
     """The figures printed by :func:`main`, as a dict (``None`` for those that need the
     daemon's events where the folder has none); ``grace_ms``: the server's idle grace where
-    the run's ``results.json`` does not say it (:func:`run_grace_ms`)."""
+    the run's ``results.json`` does not say it (:func:`run_grace_ms`); ``clocks``: the GPU's
+    samples over the run (:func:`read_clocks`), if any."""
     server, trainer = _read(folder, "case-a.json"), _read(folder, "case-b-0.json")
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
     step_s = statistics.median(gaps) if gaps else float("nan")
     result: dict[str, Any] = {"step_ms": step_s * 1e3, "slow": slow_stretches(server, trainer)}
+    if clocks is not None:
+        result["clocks"] = clocks_during(server, clocks)
     events = _read(folder, "events.jsonl", required=False)
     if events is None:
         return result
@@ -196,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's idle grace (ms) where a run's results.json does not say it "
         f"(default {DEFAULT_IDLE_GRACE_MS})",
     )
+    parser.add_argument(
+        "--clocks", type=Path, help="gpu_clocks.py's samples taken over the runs (gzipped or not)"
+    )
     args = parser.parse_args(argv)
-    summaries = {str(folder): summary(folder, args.grace_ms) for folder in args.folders}
+    clocks = read_clocks(args.clocks) if args.clocks else None
+    summaries = {str(f): summary(f, args.grace_ms, clocks) for f in args.folders}
     if args.json:
         print(json.dumps(summaries, indent=1))
         return 0
@@ -227,11 +282,15 @@ def _print(r: dict[str, Any]) -> None:
               f"longest {lag['max']:.2f} ms (n={lag['n']})")  # fmt: skip
     slow = r["slow"]
     print(
-        f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']}, "
-        f"in stretches {slow['in_stretches']}, the longest {slow['longest_request_ms']:.1f} ms; "
-        f"the trainer's longest step over one {slow['longest_step_ms']:.0f} ms (its median "
-        f"{r['step_ms']:.0f})"
+        f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']} "
+        f"({slow['queued']} queued behind another), in stretches {slow['in_stretches']}, the "
+        f"longest {slow['longest_request_ms']:.1f} ms; the trainer's longest step over one "
+        f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
     )
+    for kind, c in r.get("clocks", {}).items():
+        print(f"GPU while the {kind} requests ran: {c['samples']} samples, SM clock median "
+              f"{c['sm_mhz_p50']:g} MHz, lowest {c['sm_mhz_min']:g}, clock-event reasons "
+              f"{c['reasons']}")  # fmt: skip
 
 
 if __name__ == "__main__":

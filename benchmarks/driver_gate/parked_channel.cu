@@ -9,7 +9,9 @@
 //   busy T         30 us kernels back to back for T seconds
 //   idle T         a context, nothing queued, T seconds
 //   nvcc -O2 -o parked_channel benchmarks/driver_gate/parked_channel.cu -lcuda; run.sh parked
-// runs each mode beside `server 400 160 20`, 3 interleaved rounds.
+// runs each mode beside `server 400 160 G` for G of PARKED_GAPS (default 20 and 0: CPU between
+// the launches as an eager server has, or none, the GPU busy through each request as a graph's
+// replay keeps it), 3 interleaved rounds.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>

@@ -5,7 +5,8 @@
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of a
 # mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
-# fed or not, slows another process's small kernels), transitions (transitions.sh: what each
+# fed or not, slows another process's small kernels, launched with each of PARKED_GAPS us of CPU
+# between them, default "20 0": an eager server, and one that keeps its GPU busy), transitions (transitions.sh: what each
 # suspension costs an eager trainer, per variant of its gate), light (the eager Transformer that
 # reads its loss every step), operator-only (light with the trainer's operator gate alone, no
 # driver-level gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax,
@@ -81,11 +82,13 @@ for group in "$@"; do
       timeout 120 "$work/barrier_cost" | tee "$OUT/barrier_cost.txt" ;;
     parked) nvcc -O2 -o "$work/parked" benchmarks/driver_gate/parked_channel.cu -lcuda &&
       for round in 1 2 3; do
-        for mode in none idle held held3 heldfeed busy; do
-          [ $mode != none ] && { "$work/parked" $mode 12 & other=$!; sleep 1.5; }
-          printf '%s %-8s ' $round $mode | tee -a "$OUT/parked_channel.txt"
-          timeout 60 "$work/parked" server 400 160 20 | tee -a "$OUT/parked_channel.txt"
-          [ $mode != none ] && { kill $other 2>/dev/null; wait $other 2>/dev/null; }
+        for gap in ${PARKED_GAPS:-20 0}; do
+          for mode in none idle held held3 heldfeed busy; do
+            [ $mode != none ] && { "$work/parked" $mode 12 & other=$!; sleep 1.5; }
+            printf '%s gap %-3s %-8s ' $round "$gap" $mode | tee -a "$OUT/parked_channel.txt"
+            timeout 60 "$work/parked" server 400 160 "$gap" | tee -a "$OUT/parked_channel.txt"
+            [ $mode != none ] && { kill $other 2>/dev/null; wait $other 2>/dev/null; }
+          done
         done
       done ;;
     transitions) timeout 570 bash benchmarks/driver_gate/transitions.sh ;;

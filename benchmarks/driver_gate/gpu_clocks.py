@@ -1,0 +1,57 @@
+"""Sample one GPU's SM clock, power, temperature and clock-event reasons, to tell a request
+slowed by the GPU's own clocks from one slowed by work beside it.
+
+Each line of the output is one JSON array: wall time (s, as the bench's requests are timed),
+SM clock (MHz), power (mW, the driver's own average), temperature (C), the clock-event reasons
+(NVML's bitmask: 0 none, 1 idle, others throttling) and utilisation (%). One sample every
+``--every-ms`` (2 by default; NVML's calls make it about 2.2). ``held_progress.py --clocks FILE``
+reads it beside a bench run.
+
+    python3 benchmarks/driver_gate/gpu_clocks.py --out clocks.jsonl --seconds 560 &
+    OUT=dir bash benchmarks/driver_gate/run.sh compiled
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the file to write (JSON arrays, a line each)")
+    parser.add_argument("--seconds", type=float, required=True, help="how long to sample")
+    parser.add_argument("--gpu", type=int, default=0, help="the GPU's NVML index (default 0)")
+    parser.add_argument("--every-ms", type=float, default=2.0, help="sampling period (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        import pynvml as nvml
+    except ImportError:
+        print("gpu_clocks: needs nvidia-ml-py (pip install nvidia-ml-py)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # killed: what was sampled is kept
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(args.gpu)
+    reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
+    end = time.time() + args.seconds
+    with open(args.out, "w") as out:
+        while time.time() < end:
+            sample = [
+                time.time(),
+                nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+                nvml.nvmlDeviceGetPowerUsage(handle),
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+                reasons(handle),
+                nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+            ]
+            out.write(json.dumps(sample) + "\n")
+            time.sleep(args.every_ms / 1e3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
