@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpreempt.daemon.backstop_plan import GPU_SETTLE_S, HoldFacts, plan_backstop
-from gpreempt.daemon.gpu_busy import GpuBusy
+from gpreempt.daemon.gpu_busy import PERIOD_S, GpuBusy
 from gpreempt.nvml import NA, Nvml
 
 
@@ -103,3 +103,56 @@ def test_a_task_seen_on_the_sms_once_held_is_a_leak(fields: dict, leaks: bool) -
     assert bool(found) == leaks
     if leaks:
         assert found[0].locked and 1 in plan.locks
+
+
+class RecordingBusy(GpuBusy):
+    """Keeps each set of GPUs the backstop asks to watch; reads nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(open_nvml=lambda: NA("not read here"))
+        self.asked: list[frozenset[int]] = []
+
+    def watch(self, gpus) -> None:
+        self.asked.append(frozenset(gpus))
+
+
+def test_a_short_hold_costs_no_nvml_call_and_a_long_one_is_watched_in_time() -> None:
+    """A server's requests hold a trainer a few ms at a time: its GPU is watched only once a
+    hold outright has lasted WATCH_AFTER_S, early enough for the samples that count (from
+    GPU_SETTLE_S on), and the backstop asks to be called back then."""
+    from gpreempt.control_block import ControlBlock
+    from gpreempt.daemon.backstop import WATCH_AFTER_S, Backstop
+    from gpreempt.daemon.registry import Registry
+    from gpreempt.daemon.task import Task
+    from gpreempt.daemon.task_identity import TaskIdentity
+    from gpreempt.daemon.task_state import TaskState, change_state
+
+    assert GPU_SETTLE_S - WATCH_AFTER_S >= 2 * PERIOD_S
+    registry = Registry()
+    task = Task(TaskIdentity(task_id=registry.new_id(), pid=4242, pgid=None, start_time=0,
+                             uid=1000, name="trainer", priority=-100, gpus=(3,),
+                             mechanism="auto"))  # fmt: skip
+    registry.add(task)
+    block = ControlBlock.create()
+    try:
+        block.set_gate(True)  # closed outright
+        task.controls = {1: block}
+        seen = RecordingBusy()
+        backstop = Backstop(registry, SimpleNamespace(), 0.0, gpu_busy=seen)
+        change_state(task, TaskState.SUSPENDED, now=100.0, mechanism="gate")
+        now, watched_from = 100.005, None
+        while now < 103.0:  # the daemon's loop: a pass at each time the backstop names
+            backstop.plan(now)
+            if seen.asked[-1] and watched_from is None:
+                watched_from = now
+            assert bool(seen.asked[-1]) == (now >= 100.0 + WATCH_AFTER_S)
+            due = backstop.next_due(now)
+            assert due is None or due > now
+            now = 103.0 if due is None else due
+        assert watched_from == pytest.approx(100.0 + WATCH_AFTER_S)
+        assert seen.asked[-1] == {3}
+        block.close_while_watched(1)  # its barriers hold it now: its launches prove nothing
+        backstop.plan(103.0)
+        assert seen.asked[-1] == frozenset()
+    finally:
+        block.close()

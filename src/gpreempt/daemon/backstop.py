@@ -47,7 +47,7 @@ import time
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import NOT_SUPPORTED, CheckpointDriver, CudaDriverError, ProcessState
-from . import backstop_plan
+from . import backstop_plan, gpu_busy
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
 from .gpu_busy import GpuBusy
@@ -59,6 +59,10 @@ from .task import Task
 DEFAULT_DELAY_MS = 50.0
 #: How long one backstop lock may wait for the task's queued work.
 LOCK_TIMEOUT_MS = 1000
+#: How far into a hold outright its task's GPUs are watched through NVML (s): its samples count
+#: only from GPU_SETTLE_S on, and the first read reaches two sampling periods back. Holds that
+#: end sooner, as a server's requests make them, cost no NVML call.
+WATCH_AFTER_S = backstop_plan.GPU_SETTLE_S - 2 * gpu_busy.PERIOD_S
 
 
 class Backstop:
@@ -187,7 +191,7 @@ class Backstop:
         self.meter.look(self.registry.tasks.values(), now)
         facts = self.facts(self.meter.take_full())
         if self.gpu_busy is not None:
-            held = [f for f in facts if f.gate_held_since is not None and f.must_stand_still]
+            held = [f for f in self._to_watch(facts) if now >= f.gate_held_since + WATCH_AFTER_S]
             self.gpu_busy.watch({gpu for f in held for gpu in f.gpus})
         return backstop_plan.plan_backstop(
             facts,
@@ -198,15 +202,27 @@ class Backstop:
         )
 
     def next_due(self, now: float | None = None) -> float | None:
-        """Daemon time (monotonic) at which a task next needs its backup or a check, if any."""
+        """Daemon time (monotonic) at which a task next needs its backup, a check, or its GPUs
+        watched (:data:`WATCH_AFTER_S`), if any."""
         now = time.monotonic() if now is None else now
-        return backstop_plan.next_due(
-            self.facts(),
+        facts = self.facts()
+        due = backstop_plan.next_due(
+            facts,
             now,
             delay_s=self.delay_s,
             lock=self.can_lock,
             signals=self.enabled and self.signals,
         )
+        if self.gpu_busy is not None:  # those watched already are not due again
+            starts = [f.gate_held_since + WATCH_AFTER_S for f in self._to_watch(facts)]
+            due = min([t for t in starts if t > now] + ([] if due is None else [due]), default=None)
+        return due
+
+    @staticmethod
+    def _to_watch(facts: tuple[HoldFacts, ...]) -> list[HoldFacts]:
+        """The tasks whose GPUs NVML is to watch once held long enough: held outright by a
+        gate that stops every launch on the CPU."""
+        return [f for f in facts if f.gate_held_since is not None and f.must_stand_still]
 
     @staticmethod
     def _must_stand_still(task: Task) -> bool:
