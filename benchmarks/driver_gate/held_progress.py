@@ -83,7 +83,7 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
     service = scenario_metrics.a_service_ms(server)
     limit = scenario_metrics.slow_limit_ms(service)
     stretched = scenario_metrics.slow_stretch(server)
-    slow = slow_requests(server)
+    slow = [i for i, ms in enumerate(service) if ms > limit]
     s, due = server["start"], server["scheduled"]
     queued = sum(1 for i in slow if i > 0 and due[i] < server["end"][i - 1])
     ends = trainer["step_end_t"]

@@ -6,10 +6,11 @@
 # Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of a
 # mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
 # fed or not, slows another process's small kernels, launched with each of PARKED_GAPS us of CPU
-# between them, default "20 0": an eager server, and one that keeps its GPU busy), transitions (transitions.sh: what each
-# suspension costs an eager trainer, per variant of its gate), light (the eager Transformer that
-# reads its loss every step), operator-only (light with the trainer's operator gate alone, no
-# driver-level gate: what the driver-level gate costs a PyTorch trainer), cupy, cupy-torch, jax,
+# between them, default "20 0": an eager server, and one that keeps its GPU busy), transitions
+# (transitions.sh: what each suspension costs an eager trainer, per variant of its gate), light
+# (the eager Transformer that reads its loss every step), operator-only (light with the
+# trainer's operator gate alone, no driver-level gate: what the driver-level gate costs a
+# PyTorch trainer), cupy, cupy-torch, jax,
 # jax-torch, compiled, cpp (a CUDA C++ trainer, cpp_trainer.cu, built with nvcc), together (the
 # built-in trainers of TRAINERS, default "transformer-sync transformer-compiled cupy-torch
 # jax-torch", in one bench run: Case-A is measured alone once per repeat for all of them; each

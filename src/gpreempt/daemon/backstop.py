@@ -47,10 +47,10 @@ import time
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import NOT_SUPPORTED, CheckpointDriver, CudaDriverError, ProcessState
-from . import backstop_plan, gpu_busy
+from . import backstop_plan
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
-from .gpu_busy import GpuBusy
+from .gpu_busy import PERIOD_S, GpuBusy
 from .hold_meter import HoldMeter
 from .registry import Registry
 from .task import Task
@@ -62,7 +62,7 @@ LOCK_TIMEOUT_MS = 1000
 #: How far into a hold outright its task's GPUs are watched through NVML (s): its samples count
 #: only from GPU_SETTLE_S on, and the first read reaches two sampling periods back. Holds that
 #: end sooner, as a server's requests make them, cost no NVML call.
-WATCH_AFTER_S = backstop_plan.GPU_SETTLE_S - 2 * gpu_busy.PERIOD_S
+WATCH_AFTER_S = backstop_plan.GPU_SETTLE_S - 2 * PERIOD_S
 
 
 class Backstop:

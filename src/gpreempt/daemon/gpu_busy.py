@@ -8,10 +8,10 @@ task outright for :data:`~.backstop_plan.GPU_SETTLE_S`, what it had queued has l
 so a sample that still shows one of its processes on the SMs says its work goes on.
 
 The samples are read by a thread of its own, only while the backstop names GPUs to watch (some
-task has been held outright for ``backstop.WATCH_AFTER_S``), never on the daemon's loop; NVML is opened on the first such need, and
-where it cannot be (no ``nvidia-ml-py``, no NVIDIA driver) nothing is watched. The samples are
-coarse: a leak shorter than a sampling period, or one too small to register as SM use, goes
-unseen.
+task has been held outright for ``backstop.WATCH_AFTER_S``), never on the daemon's loop; NVML
+is opened on the first such need, and where it cannot be (no ``nvidia-ml-py``, no NVIDIA
+driver) nothing is watched. The samples are coarse: a leak shorter than a sampling period, or
+one too small to register as SM use, goes unseen.
 """
 
 from __future__ import annotations
