@@ -155,6 +155,20 @@ def test_the_gpus_clocks_while_the_slow_requests_ran(tmp_path: Path, capsys):
     assert "the slow requests ran: 6 samples, SM clock median 1200 MHz" in out
 
 
+def test_a_slow_requests_gpu_span_tells_a_shared_gpu_from_a_late_start(tmp_path: Path, capsys):
+    """The fifth request took 3 ms of which its GPU span 2.9 (the GPU shared while it ran); the
+    others 1 ms with a span of 0.9."""
+    server = _slow_run(tmp_path / "run")
+    server["gpu_ms"] = [2.9 if i == 4 else 0.9 for i in range(10)]
+    (tmp_path / "run" / "case-a.json").write_text(json.dumps(server))
+    spans = _load().summary(tmp_path / "run")["gpu_ms"]
+    assert spans["slow"]["n"] == 1 and spans["slow"]["gpu_p50"] == pytest.approx(2.9)
+    assert spans["slow"]["outside_p50"] == pytest.approx(0.1)
+    assert spans["other"]["n"] == 9 and spans["other"]["gpu_p50"] == pytest.approx(0.9)
+    assert _load().main([str(tmp_path / "run")]) == 0
+    assert "GPU span of the slow requests (n=1): median 2.90 ms" in capsys.readouterr().out
+
+
 def test_a_clocks_file_that_is_not_one_gets_one_line(tmp_path: Path):
     _slow_run(tmp_path / "run")
     (tmp_path / "clocks.txt").write_text("SM clock 1980\n")

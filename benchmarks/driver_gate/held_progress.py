@@ -17,6 +17,9 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 * how long the daemon took from the server's ``active`` event to the trainer's ``suspend``
   (median and longest): a long one beside a slow request points at the machine's CPU side
   (the daemon uses no GPU), not at a GPU shared with held work;
+* where the server kept each request's GPU span (``gpu_ms``: the graph server does), that of
+  the slow requests against the others, and the rest of their service: a slow request whose
+  span stretched shared the GPU while it ran; one whose span did not waited to start;
 * with ``--clocks FILE`` (``gpu_clocks.py``'s samples over the run), the GPU's SM clock and
   its clock-event reasons while the slow requests ran, against the other requests: a slow
   request at full clock, no reason given, met other work, not a slower GPU.
@@ -94,6 +97,25 @@ def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str,
     return {"limit_ms": limit, "slow": len(slow), "queued": queued,
             "in_stretches": len(stretched), "longest_step_ms": longest,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
+
+
+def gpu_spans(server: dict[str, Any]) -> dict[str, Any]:
+    """For the slow requests (:func:`slow_requests`) and the others: how many, the median of
+    their GPU spans (``gpu_ms``) and of the rest of their service, the time outside the span
+    (ms)."""
+    service, spans = scenario_metrics.a_service_ms(server), server["gpu_ms"]
+    slow = set(slow_requests(server))
+    found: dict[str, list[int]] = {"slow": [], "other": []}
+    for i in range(min(len(service), len(spans))):
+        found["slow" if i in slow else "other"].append(i)
+    return {
+        kind: {
+            "n": len(rows),
+            "gpu_p50": _q([spans[i] for i in rows], 0.5),
+            "outside_p50": _q([service[i] - spans[i] for i in rows], 0.5),
+        }
+        for kind, rows in found.items()
+    }
 
 
 def read_clocks(path: Path) -> list[list[float]]:
@@ -200,6 +222,8 @@ def summary(
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
     step_s = statistics.median(gaps) if gaps else float("nan")
     result: dict[str, Any] = {"step_ms": step_s * 1e3, "slow": slow_stretches(server, trainer)}
+    if server.get("gpu_ms"):
+        result["gpu_ms"] = gpu_spans(server)
     if clocks is not None:
         result["clocks"] = clocks_during(server, clocks)
     events = _read(folder, "events.jsonl", required=False)
@@ -287,6 +311,9 @@ def _print(r: dict[str, Any]) -> None:
         f"longest {slow['longest_request_ms']:.1f} ms; the trainer's longest step over one "
         f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
     )
+    for kind, g in r.get("gpu_ms", {}).items():
+        print(f"GPU span of the {kind} requests (n={g['n']}): median {g['gpu_p50']:.2f} ms, "
+              f"the rest of their service {g['outside_p50']:.2f} ms")  # fmt: skip
     for kind, c in r.get("clocks", {}).items():
         print(f"GPU while the {kind} requests ran: {c['samples']} samples, SM clock median "
               f"{c['sm_mhz_p50']:g} MHz, lowest {c['sm_mhz_min']:g}, clock-event reasons "

@@ -35,7 +35,9 @@ CASE_B_KINDS = (
 
 
 def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
-    """Case-A: one call serves one request of ``batch`` 224x224 images on ResNet-50 fp16."""
+    """Case-A: one call serves one request of ``batch`` 224x224 images on ResNet-50 fp16.
+    From a CUDA graph, the handler keeps each request's GPU span (ms, from timed events before
+    its input's copy and after its output's) in its ``gpu_ms`` list (``loops.GPU_MS``)."""
     import torch
     import torchvision
 
@@ -66,14 +68,20 @@ def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) ->
             with torch.cuda.graph(cuda_graph):
                 static_out = model(static_in)
             torch.cuda.synchronize()
+            begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            gpu_ms: list[float] = []
 
             def request() -> None:
                 stream = torch.cuda.current_stream()
+                begin.record(stream)
                 static_in.copy_(host_in, non_blocking=True)
                 cuda_graph.replay()
                 host_out.copy_(static_out, non_blocking=True)
+                end.record(stream)
                 stream.synchronize()
+                gpu_ms.append(begin.elapsed_time(end))
 
+            request.gpu_ms = gpu_ms  # type: ignore[attr-defined]
             return request
 
     def eager_request() -> None:

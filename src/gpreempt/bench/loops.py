@@ -13,7 +13,10 @@ A server may also grow its working set once, inside one request (:class:`Growth`
 memory-pressure scenarios): it allocates device memory in chunks through a
 :class:`DeviceMemory` and, when out of memory, waits for room up to a deadline.
 
-A request's work is any callable that returns when the answer is ready; a training step is any
+A request's work is any callable that returns when the answer is ready (one that keeps a list
+``gpu_ms``, :data:`GPU_MS`, of its requests' GPU spans has those of the served requests written
+beside their times, to tell a request slowed on the GPU from one that started late); a training
+step is any
 callable that returns ``None`` (done when it returns) or an object with ``synchronize()`` (e.g. a
 ``torch.cuda.Event``), which a helper thread waits on to time-stamp the step's completion
 without stalling the training loop.
@@ -36,6 +39,9 @@ from typing import Any, Protocol
 from ..errors import UsageError
 
 Handler = Callable[[], Any]
+#: The attribute under which a request handler may keep its requests' GPU spans (ms, a list it
+#: appends one to per request): the server's results then hold those of the served requests.
+GPU_MS = "gpu_ms"
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

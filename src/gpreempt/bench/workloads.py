@@ -124,7 +124,12 @@ def _serve_main(handle: Callable[[], Any], args: argparse.Namespace, extra: dict
     go = json.loads(loops.wait_for_file(args.go_file, args.go_timeout_s))
     served = growth.wrap(handle) if growth else handle
     hint = contextlib.nullcontext if getattr(args, "no_request", False) else loops.request_context()
+    gpu_ms = getattr(handle, loops.GPU_MS, None)
+    if isinstance(gpu_ms, list):
+        gpu_ms.clear()  # those of the warm-up and the calibration
     result = loops.serve(served, offsets, float(go["t0"]), hint)
+    if isinstance(gpu_ms, list) and len(gpu_ms) == len(result["start"]):
+        extra = {**extra, loops.GPU_MS: list(gpu_ms)}
     if growth:
         extra = {**extra, "growth": growth.release()}
     out = {"pid": os.getpid(), "ready_t": ready_t, **result, **extra, "gate": gate_stats()}
