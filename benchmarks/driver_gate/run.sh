@@ -22,7 +22,9 @@
 # (light with the trainer's barriers spaced by each of SPACINGS ms of GPU time, default "0.1 0.2
 # 0.4": what they cost it), window (light with at most each of WINDOWS ms of work in flight per
 # stream, default "25 4 1", beside the server CASE_A, default light; eager: the eager ResNet-50).
-# REPEATS (default 3) repeats; REQUESTS (default 1000) requests of Case-A per scenario. DEADLINE_S
+# REPEATS (default 3) repeats; REQUESTS (default 1000) requests of Case-A per scenario; CLOCKS=1
+# samples the GPU's clocks beside each bench (gpu_clocks.py; the cell's clocks.jsonl.gz, which
+# held_progress.py reads beside each run's slow requests). DEADLINE_S
 # (seconds from the start, unset: none) stops a bench in time for its cell to be kept: a bench
 # stopped keeps the repeats it finished. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
@@ -39,20 +41,28 @@ python3 -m gpreempt.client.gate.build 2>&1 | tail -1
 python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
 source benchmarks/deadline.sh
 bench() {  # folder under $work, time limit (s), bench options...
-  local name=$1 limit
+  local name=$1 limit sampler="" rc
   limit=$(deadline_limit "$2") || { echo "$name: skipped, DEADLINE_S is near"; return 1; }
   shift 2
-  rm -rf "$work/$name"
+  rm -rf "$work/$name" "$work/$name.clocks.jsonl"
+  if [ -n "${CLOCKS:-}" ]; then  # the GPU's clocks beside the bench (gpu_clocks.py)
+    python3 benchmarks/driver_gate/gpu_clocks.py --out "$work/$name.clocks.jsonl" \
+      --seconds "$limit" & sampler=$!
+  fi
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
     --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
     --out "$work/$name" > "$work/$name.log" 2>&1
-  echo "$name rc=$?"
+  rc=$?
+  [ -n "$sampler" ] && { kill "$sampler"; wait "$sampler"; } 2>/dev/null
+  echo "$name rc=$rc"
 }
 keep() {  # cell name, the bench folder it ran in
-  local name=$1 dir=$2
+  local name=$1 dir=$2 clocks
   mkdir -p "$OUT/$name"
   cp "$dir/results.json" "$OUT/$name/" 2>/dev/null || echo "  $name: no results (see $work/*.log)"
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
+  clocks=$(ls "$dir.clocks.jsonl" "$(dirname "$dir").clocks.jsonl" 2>/dev/null | head -1)
+  [ -n "$clocks" ] && gzip -c "$clocks" > "$OUT/$name/clocks.jsonl.gz"
   for run in "$dir"/runs/r*/gpreempt*; do
     [ -f "$run/case-a.json" ] || continue
     local kept="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
@@ -60,8 +70,9 @@ keep() {  # cell name, the bench folder it ran in
     for f in case-a.json case-b-0.json events.jsonl; do
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
-    echo "  $(basename "$kept"): $(python3 benchmarks/driver_gate/held_progress.py "$kept" 2>&1 |
-      sed -n '2p;/holds no trainer/p')"
+    python3 benchmarks/driver_gate/held_progress.py ${clocks:+--clocks "$clocks"} "$kept" 2>&1 |
+      sed -n '2p;/^requests over/p;/^GPU span of the slow/p;/^GPU while the slow/p;/holds no/p' |
+      sed "s|^|  $(basename "$kept"): |"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
     grep -c 'does not hold'), backstop locks: $(cat $(find "$dir" -name events.jsonl) \
