@@ -71,7 +71,7 @@ keep() {  # cell name, the bench folder it ran in
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
     python3 benchmarks/driver_gate/held_progress.py ${clocks:+--clocks "$clocks"} "$kept" 2>&1 |
-      sed -n '2p;/^requests over/p;/^GPU span of the slow/p;/^GPU while the slow/p;/holds no/p' |
+      sed -n '2p;/^requests over/p;/^GPU /p;/holds no/p' |
       sed "s|^|  $(basename "$kept"): |"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
