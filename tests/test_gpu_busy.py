@@ -151,6 +151,8 @@ def test_a_short_hold_costs_no_nvml_call_and_a_long_one_is_watched_in_time() -> 
             now = 103.0 if due is None else due
         assert watched_from == pytest.approx(100.0 + WATCH_AFTER_S)
         assert seen.asked[-1] == {3}
+        backstop.plan(100.0 + WATCH_AFTER_S - 0.001)  # its watch falls due just after a pass
+        assert backstop.next_due(100.0 + WATCH_AFTER_S + 0.001) == 100.0 + WATCH_AFTER_S
         block.close_while_watched(1)  # its barriers hold it now: its launches prove nothing
         backstop.plan(103.0)
         assert seen.asked[-1] == frozenset()

@@ -101,6 +101,9 @@ class Backstop:
         self.meter = meter or HoldMeter()
         #: NVML's samples of the GPUs of tasks held outright (None: not read).
         self.gpu_busy = gpu_busy
+        #: The daemon time of the last :meth:`plan`: a task's GPUs whose watch was due after
+        #: it are watched at the next.
+        self._planned_at = float("-inf")
         #: Tasks a helper thread is locking now (a locked task has ``backstop_locked`` set).
         self._locking: set[int] = set()
         #: Tasks resumed while their lock was still being taken: unlock when it is.
@@ -190,6 +193,7 @@ class Backstop:
         first), the tasks to lock or stop with signals."""
         self.meter.look(self.registry.tasks.values(), now)
         facts = self.facts(self.meter.take_full())
+        self._planned_at = now
         if self.gpu_busy is not None:
             held = [f for f in self._to_watch(facts) if now >= f.gate_held_since + WATCH_AFTER_S]
             self.gpu_busy.watch({gpu for f in held for gpu in f.gpus})
@@ -213,9 +217,10 @@ class Backstop:
             lock=self.can_lock,
             signals=self.enabled and self.signals,
         )
-        if self.gpu_busy is not None:  # those watched already are not due again
+        if self.gpu_busy is not None:  # those the last plan watched already are not due again
             starts = [f.gate_held_since + WATCH_AFTER_S for f in self._to_watch(facts)]
-            due = min([t for t in starts if t > now] + ([] if due is None else [due]), default=None)
+            starts = [t for t in starts if t > self._planned_at]
+            due = min(starts + ([] if due is None else [due]), default=None)
         return due
 
     @staticmethod
