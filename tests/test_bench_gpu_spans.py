@@ -16,13 +16,16 @@ from gpreempt.bench import workloads
 
 
 def _factory(every: int):
+    """Handlers that note the number of each ``every``-th call (warm-up included) as its span."""
+
     def make():
-        calls = []
+        calls = 0
 
         def handle() -> None:
-            calls.append(len(calls))
-            if len(calls) % every == 0:
-                handle.gpu_ms.append(float(len(calls)))
+            nonlocal calls
+            calls += 1
+            if calls % every == 0:
+                handle.gpu_ms.append(float(calls))
 
         handle.gpu_ms = []
         return handle

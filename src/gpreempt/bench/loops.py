@@ -15,11 +15,10 @@ memory-pressure scenarios): it allocates device memory in chunks through a
 
 A request's work is any callable that returns when the answer is ready (one that keeps a list
 ``gpu_ms``, :data:`GPU_MS`, of its requests' GPU spans has those of the served requests written
-beside their times, to tell a request slowed on the GPU from one that started late); a training
-step is any
-callable that returns ``None`` (done when it returns) or an object with ``synchronize()`` (e.g. a
-``torch.cuda.Event``), which a helper thread waits on to time-stamp the step's completion
-without stalling the training loop.
+beside their times, to tell a request slowed on the GPU from one that started late); a
+training step is any callable that returns ``None`` (done when it returns) or an object with
+``synchronize()`` (e.g. a ``torch.cuda.Event``), which a helper thread waits on to time-stamp
+the step's completion without stalling the training loop.
 """
 
 from __future__ import annotations
