@@ -72,49 +72,48 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def slow_requests(server: dict[str, Any]) -> list[int]:
-    """The indices of the requests slower than twice the run's median service time."""
-    service = scenario_metrics.a_service_ms(server)
-    limit = scenario_metrics.slow_limit_ms(service) if service else 0.0
-    return [i for i, ms in enumerate(service) if ms > limit]
+def _split(count: int, slow: list[int]) -> dict[str, list[int]]:
+    """The indices of ``count`` requests, the slow ones and the others."""
+    marked = set(slow)
+    return {
+        "slow": [i for i in range(count) if i in marked],
+        "other": [i for i in range(count) if i not in marked],
+    }
 
 
-def slow_stretches(server: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
-    """Requests slower than twice the run's median service time; those of them that queued
-    behind the one before (the trainer already held when they started); those in stretches
-    (``scenario_metrics.slow_stretch``); the trainer's longest step that overlaps one (ms)."""
+def slow_stretches(
+    server: dict[str, Any], trainer: dict[str, Any], slow: list[int]
+) -> dict[str, Any]:
+    """The slow requests (``slow``, by ``scenario_metrics.slow_requests``: over twice the run's
+    median service time); those of them that queued behind the one before (the trainer
+    already held when they started); those in stretches (``scenario_metrics.slow_stretch``);
+    the trainer's longest step that overlaps one (ms)."""
     service = scenario_metrics.a_service_ms(server)
-    limit = scenario_metrics.slow_limit_ms(service)
     stretched = scenario_metrics.slow_stretch(server)
-    slow = [i for i, ms in enumerate(service) if ms > limit]
-    s, due = server["start"], server["scheduled"]
-    queued = sum(1 for i in slow if i > 0 and due[i] < server["end"][i - 1])
+    idle = scenario_metrics.found_idle(server)
+    s = server["start"]
     ends = trainer["step_end_t"]
     longest = 0.0
     for a, b in zip(ends, ends[1:], strict=False):
         if any(a < s[i] < b for i in stretched):
             longest = max(longest, (b - a) * 1e3)
-    return {"limit_ms": limit, "slow": len(slow), "queued": queued,
-            "in_stretches": len(stretched), "longest_step_ms": longest,
+    return {"limit_ms": scenario_metrics.slow_limit_ms(service), "slow": len(slow),
+            "queued": sum(1 for i in slow if not idle[i]), "in_stretches": len(stretched),
+            "longest_step_ms": longest,
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
 
 
-def gpu_spans(server: dict[str, Any]) -> dict[str, Any]:
-    """For the slow requests (:func:`slow_requests`) and the others: how many, the median of
-    their GPU spans (``gpu_ms``) and of the rest of their service, the time outside the span
-    (ms)."""
+def gpu_spans(server: dict[str, Any], slow: list[int]) -> dict[str, Any]:
+    """For the slow requests and the others: how many, the median of their GPU spans
+    (``gpu_ms``) and of the rest of their service, the time outside the span (ms)."""
     service, spans = scenario_metrics.a_service_ms(server), server["gpu_ms"]
-    slow = set(slow_requests(server))
-    found: dict[str, list[int]] = {"slow": [], "other": []}
-    for i in range(min(len(service), len(spans))):
-        found["slow" if i in slow else "other"].append(i)
     return {
         kind: {
             "n": len(rows),
             "gpu_p50": _q([spans[i] for i in rows], 0.5),
             "outside_p50": _q([service[i] - spans[i] for i in rows], 0.5),
         }
-        for kind, rows in found.items()
+        for kind, rows in _split(min(len(service), len(spans)), slow).items()
     }
 
 
@@ -129,16 +128,21 @@ def read_clocks(path: Path) -> list[list[float]]:
     return sorted(samples)
 
 
-def clocks_during(server: dict[str, Any], samples: list[list[float]]) -> dict[str, Any]:
-    """The samples taken while the slow requests ran (:func:`slow_requests`) and while the
-    others did: how many, the SM clock's median and lowest (MHz), the clock-event reasons
-    seen (NVML's bitmask values)."""
+def clocks_during(
+    server: dict[str, Any], samples: list[list[float]], slow: list[int]
+) -> dict[str, Any]:
+    """The samples taken while the slow requests ran and while the others did: how many, the
+    SM clock's median and lowest (MHz), the clock-event reasons seen (NVML's bitmask values)."""
     times = [sample[0] for sample in samples]
-    slow = set(slow_requests(server))
-    found: dict[str, list[list[float]]] = {"slow": [], "other": []}
-    for i, (start, end) in enumerate(zip(server["start"], server["end"], strict=False)):
-        first, last = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
-        found["slow" if i in slow else "other"].extend(samples[first:last])
+    s, e = server["start"], server["end"]
+
+    def during(i: int) -> list[list[float]]:
+        return samples[bisect.bisect_left(times, s[i]) : bisect.bisect_right(times, e[i])]
+
+    found = {
+        kind: [row for i in rows for row in during(i)]
+        for kind, rows in _split(min(len(s), len(e)), slow).items()
+    }
     return {
         kind: {
             "samples": len(rows),
@@ -221,11 +225,15 @@ def summary(
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
     step_s = statistics.median(gaps) if gaps else float("nan")
-    result: dict[str, Any] = {"step_ms": step_s * 1e3, "slow": slow_stretches(server, trainer)}
+    slow = scenario_metrics.slow_requests(server)
+    result: dict[str, Any] = {
+        "step_ms": step_s * 1e3,
+        "slow": slow_stretches(server, trainer, slow),
+    }
     if server.get("gpu_ms"):
-        result["gpu_ms"] = gpu_spans(server)
+        result["gpu_ms"] = gpu_spans(server, slow)
     if clocks is not None:
-        result["clocks"] = clocks_during(server, clocks)
+        result["clocks"] = clocks_during(server, clocks, slow)
     events = _read(folder, "events.jsonl", required=False)
     if events is None:
         return result

@@ -52,18 +52,22 @@ def a_latencies_ms(serve: dict[str, Any]) -> list[float]:
     ]
 
 
+def found_idle(serve: dict[str, Any]) -> list[bool]:
+    """Per request: whether it arrived after the previous one had completed (the server idle);
+    one that arrived before queued behind it, and met a trainer already held."""
+    ends = [float("-inf"), *serve["end"]]
+    return [due >= previous for due, previous in zip(serve["scheduled"], ends, strict=False)]
+
+
 def a_service_ms(serve: dict[str, Any], found: str | None = None) -> list[float]:
     """Per request: completion - start, in ms; with ``found`` "idle", only the requests that
-    arrived after the previous one had completed; "busy", only those that arrived before (they
-    queued behind it, and met a trainer already held)."""
-    rows = zip(serve["scheduled"], serve["start"], serve["end"], strict=False)
-    times, previous_end = [], float("-inf")
-    for due, start, end in rows:
-        idle = due >= previous_end
-        if found is None or idle == (found == "idle"):
-            times.append((end - start) * 1000.0)
-        previous_end = end
-    return times
+    found the server idle (:func:`found_idle`); "busy", only those that queued."""
+    rows = zip(found_idle(serve), serve["start"], serve["end"], strict=False)
+    return [
+        (end - start) * 1000.0
+        for idle, start, end in rows
+        if found is None or idle == (found == "idle")
+    ]
 
 
 #: A request slower than SLOW_FACTOR times the reference service time is slow; one that starts
@@ -79,21 +83,24 @@ def slow_limit_ms(service: Sequence[float], reference_ms: float | None = None) -
     return SLOW_FACTOR * (reference_ms or stats.percentile(service, 50))
 
 
-def slow_stretch(serve: dict[str, Any], reference_ms: float | None = None) -> list[int]:
-    """The indices of Case-A's slow requests (:func:`slow_limit_ms`) in stretches: starting
-    within :data:`STRETCH_GAP_S` of the end of the slow one before."""
+def slow_requests(serve: dict[str, Any], reference_ms: float | None = None) -> list[int]:
+    """The indices of Case-A's slow requests (:func:`slow_limit_ms`)."""
     service = a_service_ms(serve)
     if not service:
         return []
     limit = slow_limit_ms(service, reference_ms)
+    return [i for i, ms in enumerate(service) if ms > limit]
+
+
+def slow_stretch(serve: dict[str, Any], reference_ms: float | None = None) -> list[int]:
+    """The indices of Case-A's slow requests (:func:`slow_requests`) in stretches: starting
+    within :data:`STRETCH_GAP_S` of the end of the slow one before."""
     stretched: list[int] = []
     last_slow_end: float | None = None
-    for i, (start, end, ms) in enumerate(zip(serve["start"], serve["end"], service, strict=False)):
-        if ms <= limit:
-            continue
-        if last_slow_end is not None and start - last_slow_end < STRETCH_GAP_S:
+    for i in slow_requests(serve, reference_ms):
+        if last_slow_end is not None and serve["start"][i] - last_slow_end < STRETCH_GAP_S:
             stretched.append(i)
-        last_slow_end = end
+        last_slow_end = serve["end"][i]
     return stretched
 
 
