@@ -4,6 +4,7 @@ held_progress.py --clocks reads (an NVML stand-in here; the real one needs a GPU
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -37,8 +38,32 @@ def test_each_line_is_one_sample(tmp_path: Path, monkeypatch, throttle_api: bool
     assert script.main(["--out", str(out), "--seconds", "0.02", "--every-ms", "1"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= 2
-    assert all(row[1:] == [1980, 415000, 45, 4, 60] for row in rows)
+    assert all(row[1:6] == [1980, 415000, 45, 4, 60] for row in rows)
+    assert all(len(row) == 9 for row in rows)
     assert rows == sorted(rows)
+
+
+def test_the_hosts_cpu_contention(tmp_path: Path):
+    """/proc/stat's steal (the eighth count of the "cpu" line, in clock ticks) and
+    procs_running, /proc/pressure/cpu's "some" total; what a kernel does not say is None."""
+    script = load_script("benchmarks/driver_gate/gpu_clocks.py")
+    proc = tmp_path / "proc"
+    (proc / "pressure").mkdir(parents=True)
+    (proc / "stat").write_text(
+        "cpu  4705 356 584 3699 23 23 0 250 0 0\ncpu0 1393 280 283 1018 9 9 0 125 0 0\n"
+        "intr 1462898\nctxt 2541\nprocs_running 7\nprocs_blocked 0\n"
+    )
+    (proc / "pressure" / "cpu").write_text(
+        "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    runnable, stall, steal = script.host_sample(proc)
+    assert runnable == 7 and stall == 123456
+    assert steal == pytest.approx(250 / os.sysconf("SC_CLK_TCK"))
+    (proc / "pressure" / "cpu").unlink()
+    (proc / "stat").write_text("cpu  1 2 3 4\nprocs_running 3\n")  # no steal counted
+    assert script.host_sample(proc) == [3, None, None]
+    assert script.host_sample(tmp_path / "none") == [None, None, None]
 
 
 def test_without_nvml_one_line(tmp_path: Path, monkeypatch, capsys):

@@ -169,6 +169,56 @@ def test_a_slow_requests_gpu_span_tells_a_shared_gpu_from_a_late_start(tmp_path:
     assert "GPU span of the slow requests (n=1): median 2.90 ms" in capsys.readouterr().out
 
 
+def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
+    """gpu_clocks.py's host fields, a sample every 0.5 ms: while the slow request ran, 20
+    tasks runnable, some task waiting for a CPU 250 us of each 500 and 0.1 ms stolen; at other
+    times 2 runnable and no wait. An older file, without them, prints no host line."""
+    server = _slow_run(tmp_path / "run")
+    slow = (server["start"][4], server["end"][4])
+    rows, stall, steal = [], 0, 0.0
+    for k in range(90):
+        t = 9.99525 + 0.0005 * k
+        busy = slow[0] <= t <= slow[1]
+        stall, steal = stall + (250 if busy else 0), steal + (1e-4 if busy else 0.0)
+        rows.append(json.dumps([t, 1980, 300000, 40, 0, 50, 20 if busy else 2, stall, steal]))
+    clocks = tmp_path / "clocks.jsonl"
+    clocks.write_text("\n".join(rows) + "\n")
+    r = _load().summary(tmp_path / "run", clocks=_load().read_clocks(clocks))
+    host = r["host"]
+    assert host["slow"]["samples"] == 6 and host["slow"]["runnable_p50"] == 20
+    assert host["slow"]["cpu_wait_share"] == pytest.approx(0.5)
+    assert host["slow"]["steal_ms_per_s"] == pytest.approx(200.0)
+    assert host["other"]["runnable_p50"] == 2 and host["other"]["cpu_wait_share"] == 0
+    assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
+    assert (
+        "slow requests ran: 6 samples, runnable tasks median 20, some task waiting for a "
+        "CPU 50.0 % of the time, stolen 200.0 ms/s" in capsys.readouterr().out
+    )
+    clocks.write_text("\n".join(json.dumps(json.loads(row)[:6]) for row in rows) + "\n")
+    assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
+    assert "host while" not in capsys.readouterr().out
+
+
+def test_the_daemons_suspend_calls_beside_the_slow_requests(tmp_path: Path, capsys):
+    """A suspend call made 0.5 ms before the slow request took 0.3 ms; two others 0.02."""
+    server = _slow_run(tmp_path / "run")
+    events = [
+        {"t": server["start"][1], "task": "case-b-0", "event": "suspend", "latency_ms": 0.02},
+        {"t": server["start"][4] - 5e-4, "task": "case-b-0", "event": "suspend",
+         "latency_ms": 0.3},
+        {"t": server["start"][7], "task": "case-b-0", "event": "suspend", "latency_ms": 0.02},
+        {"t": server["start"][8], "task": "case-b-0", "event": "resume", "latency_ms": 5.0},
+    ]  # fmt: skip
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    (tmp_path / "run" / "events.jsonl").write_text(text)
+    calls = _load().summary(tmp_path / "run")["suspend_calls_ms"]
+    assert calls["slow"] == {"n": 1, "p50": 0.3, "max": 0.3}
+    assert calls["other"] == {"n": 2, "p50": 0.02, "max": 0.02}
+    assert _load().main([str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "suspend calls during the slow requests: n=1, median 0.300 ms" in out
+
+
 def test_a_clocks_file_that_is_not_one_gets_one_line(tmp_path: Path):
     _slow_run(tmp_path / "run")
     (tmp_path / "clocks.txt").write_text("SM clock 1980\n")

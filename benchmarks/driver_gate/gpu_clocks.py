@@ -1,11 +1,15 @@
-"""Sample one GPU's SM clock, power, temperature and clock-event reasons, to tell a request
-slowed by the GPU's own clocks from one slowed by work beside it.
+"""Sample one GPU's SM clock, power, temperature and clock-event reasons, and the host's CPU
+contention, to tell a request slowed by the GPU's own clocks, by work beside it on the GPU, or
+by a CPU that did not run its process in time.
 
 Each line of the output is one JSON array: wall time (s, as the bench's requests are timed),
 SM clock (MHz), power (mW, the driver's own average), temperature (C), the clock-event reasons
-(NVML's bitmask: 0 none, 1 idle, others throttling) and utilisation (%). One sample every
-``--every-ms`` (2 by default; NVML's calls make it about 2.2). ``held_progress.py --clocks FILE``
-reads it beside a bench run.
+(NVML's bitmask: 0 none, 1 idle, others throttling), utilisation (%), then the host's: tasks
+runnable (``procs_running`` of ``/proc/stat``), the time some runnable task waited for a CPU
+(``/proc/pressure/cpu``, "some" total, us; null without pressure stall information) and the
+CPU time the hypervisor took from this machine (steal, s, all CPUs; null where not counted).
+One sample every ``--every-ms`` (2 by default; NVML's calls make it about 2.2).
+``held_progress.py --clocks FILE`` reads it beside a bench run.
 
     python3 benchmarks/driver_gate/gpu_clocks.py --out clocks.jsonl --seconds 560 &
     OUT=dir bash benchmarks/driver_gate/run.sh compiled
@@ -15,9 +19,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+
+def host_sample(proc: Path = Path("/proc")) -> list[float | None]:
+    """The host's CPU contention now: tasks runnable, the CPU pressure's "some" total (us) and
+    the steal time (s, all CPUs); None for what this kernel does not say."""
+    runnable: float | None = None
+    steal: float | None = None
+    stall: float | None = None
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] == "cpu" and len(fields) > 8:
+                steal = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+            elif fields and fields[0] == "procs_running":
+                runnable = int(fields[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        some = (proc / "pressure" / "cpu").read_text().splitlines()[0].split()
+        stall = int(dict(f.split("=", 1) for f in some[1:] if "=" in f)["total"])
+    except (OSError, ValueError, IndexError, KeyError):
+        pass
+    return [runnable, stall, steal]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
                 reasons(handle),
                 nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                *host_sample(),
             ]
             out.write(json.dumps(sample) + "\n")
             time.sleep(args.every_ms / 1e3)

@@ -20,9 +20,14 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 * where the server kept each request's GPU span (``gpu_ms``: the graph server does), that of
   the slow requests against the others, and the rest of their service: a slow request whose
   span stretched shared the GPU while it ran; one whose span did not waited to start;
+* how long each of the daemon's suspend calls took (its own CPU time, no GPU) during the slow
+  requests, against the others: a call that took longer beside a slow request says the
+  machine's CPUs were slow to run the daemon then, not only the GPU slow to serve the server;
 * with ``--clocks FILE`` (``gpu_clocks.py``'s samples over the run), the GPU's SM clock and
   its clock-event reasons while the slow requests ran, against the other requests: a slow
-  request at full clock, no reason given, met other work, not a slower GPU.
+  request at full clock, no reason given, met other work, not a slower GPU; and the host's
+  runnable tasks, the share of the time some task waited for a CPU and the CPU time stolen by
+  the hypervisor, for the same split.
 
 Without ``events.jsonl`` (a run kept without it) only the slow requests are printed.
 
@@ -154,6 +159,70 @@ def clocks_during(
     }
 
 
+def host_during(
+    server: dict[str, Any], samples: list[list[Any]], slow: list[int]
+) -> dict[str, Any]:
+    """The host's CPU contention (``gpu_clocks.py``'s last three fields) while the slow
+    requests ran and while the others did: the median of the runnable tasks, the share of the
+    time some runnable task waited for a CPU, and the CPU time stolen (ms per second, all
+    CPUs), from each sample taken in a request and the one before it; NaN where the samples
+    do not say (an older file, a kernel without pressure stall information)."""
+    s, e = server["start"], server["end"]
+    starts = sorted(range(min(len(s), len(e))), key=lambda i: s[i])
+    begins = [s[i] for i in starts]
+    kind_of = {i: "slow" for i in slow}
+    found: dict[str, dict[str, list[float]]] = {
+        k: {"runnable": [], "stall_us": [], "steal_s": [], "wall_s": []} for k in ("slow", "other")
+    }
+    for before, sample in zip(samples, samples[1:], strict=False):
+        if len(sample) < 9 or len(before) < 9:
+            continue
+        j = bisect.bisect_right(begins, sample[0]) - 1
+        if j < 0 or sample[0] > e[starts[j]]:
+            continue  # taken while no request ran
+        rows = found[kind_of.get(starts[j], "other")]
+        if sample[6] is not None:
+            rows["runnable"].append(sample[6])
+        if sample[7] is not None and before[7] is not None:
+            rows["stall_us"].append(sample[7] - before[7])
+            rows["wall_s"].append(sample[0] - before[0])
+        if sample[8] is not None and before[8] is not None:
+            rows["steal_s"].append(sample[8] - before[8])
+    out: dict[str, Any] = {}
+    for kind, rows in found.items():
+        wall = sum(rows["wall_s"])
+        out[kind] = {
+            "samples": len(rows["runnable"]),
+            "runnable_p50": _q(rows["runnable"], 0.5),
+            "cpu_wait_share": sum(rows["stall_us"]) / 1e6 / wall if wall else float("nan"),
+            "steal_ms_per_s": 1e3 * sum(rows["steal_s"]) / wall if wall else float("nan"),
+        }
+    return out
+
+
+def suspend_calls(
+    events: list[dict[str, Any]], server: dict[str, Any], slow: list[int]
+) -> dict[str, Any]:
+    """How long the daemon's suspend calls (``latency_ms`` of each ``suspend`` event) took
+    when made during a slow request or up to 1 ms before it, and the others: how many, median
+    and longest (ms)."""
+    s, e = server["start"], server["end"]
+    windows = sorted((s[i] - 1e-3, e[i]) for i in slow)
+    begins = [w[0] for w in windows]
+    calls: dict[str, list[float]] = {"slow": [], "other": []}
+    for event in events:
+        if event.get("event") != "suspend" or event.get("latency_ms") is None:
+            continue
+        t = event.get("t", 0.0)
+        j = bisect.bisect_right(begins, t) - 1
+        near = j >= 0 and t <= windows[j][1]
+        calls["slow" if near else "other"].append(float(event["latency_ms"]))
+    return {
+        k: {"n": len(v), "p50": _q(v, 0.5), "max": max(v, default=float("nan"))}
+        for k, v in calls.items()
+    }
+
+
 def run_grace_ms(folder: Path, default: float = DEFAULT_IDLE_GRACE_MS) -> float:
     """The server's idle grace in the bench run that ``folder`` is of: the
     ``GPREEMPT_IDLE_GRACE_MS`` its ``results.json`` records for Case-A (``params.env_a``, else
@@ -234,6 +303,7 @@ def summary(
         result["gpu_ms"] = gpu_spans(server, slow)
     if clocks is not None:
         result["clocks"] = clocks_during(server, clocks, slow)
+        result["host"] = host_during(server, clocks, slow)
     events = _read(folder, "events.jsonl", required=False)
     if events is None:
         return result
@@ -261,6 +331,7 @@ def summary(
         "idle_grace_ms": grace_ms,
         "late_after_a_gap": late_after_a_gap(ends, periods, step_s, server, grace_ms),
         "reaction_ms": reaction_ms(events, begin, end),
+        "suspend_calls_ms": suspend_calls(events, server, slow),
         "queued_service_ms": {
             k: {"n": len(v), "p50": _q(v, 0.5), "p90": _q(v, 0.9)} for k, v in split.items()
         },
@@ -312,6 +383,9 @@ def _print(r: dict[str, Any]) -> None:
         lag = r["reaction_ms"]
         print(f"the daemon's suspend after the server's active: median {lag['p50']:.2f} ms, "
               f"longest {lag['max']:.2f} ms (n={lag['n']})")  # fmt: skip
+        for kind, c in r["suspend_calls_ms"].items():
+            print(f"the daemon's suspend calls during the {kind} requests: n={c['n']}, median "
+                  f"{c['p50']:.3f} ms, longest {c['max']:.3f} ms")  # fmt: skip
     slow = r["slow"]
     print(
         f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']} "
@@ -326,6 +400,12 @@ def _print(r: dict[str, Any]) -> None:
         print(f"GPU while the {kind} requests ran: {c['samples']} samples, SM clock median "
               f"{c['sm_mhz_p50']:g} MHz, lowest {c['sm_mhz_min']:g}, clock-event reasons "
               f"{c['reasons']}")  # fmt: skip
+    host = r.get("host", {})
+    for kind, h in host.items() if any(h["samples"] for h in host.values()) else ():
+        print(f"host while the {kind} requests ran: {h['samples']} samples, runnable tasks "
+              f"median {h['runnable_p50']:g}, some task waiting for a CPU "
+              f"{100 * h['cpu_wait_share']:.1f} % of the time, stolen "
+              f"{h['steal_ms_per_s']:.1f} ms/s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 # Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of a
 # mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
 # fed or not, slows another process's small kernels, launched with each of PARKED_GAPS us of CPU
-# between them, default "20 0": an eager server, and one that keeps its GPU busy), transitions
+# between them, default "20 0": an eager server, and one that keeps its GPU busy; requests of
+# each of PARKED_SIZES, default 400x160: 400 requests of 160 kernels; beside each of
+# PARKED_MODES, default all of parked_channel.cu's), transitions
 # (transitions.sh: what each suspension costs an eager trainer, per variant of its gate), light
 # (the eager Transformer that reads its loss every step), operator-only (light with the
 # trainer's operator gate alone, no driver-level gate: what the driver-level gate costs a
@@ -71,7 +73,7 @@ keep() {  # cell name, the bench folder it ran in
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
     python3 benchmarks/driver_gate/held_progress.py ${clocks:+--clocks "$clocks"} "$kept" 2>&1 |
-      sed -n '2p;/^requests over/p;/^GPU /p;/holds no/p' |
+      sed -n '2p;/^requests over/p;/^GPU /p;/^host /p;/suspend calls/p;/holds no/p' |
       sed "s|^|  $(basename "$kept"): |"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
@@ -95,11 +97,15 @@ for group in "$@"; do
     parked) nvcc -O2 -o "$work/parked" benchmarks/driver_gate/parked_channel.cu -lcuda &&
       for round in 1 2 3; do
         for gap in ${PARKED_GAPS:-20 0}; do
-          for mode in none idle held held3 heldfeed busy; do
-            [ $mode != none ] && { "$work/parked" $mode 12 & other=$!; sleep 1.5; }
-            printf '%s gap %-3s %-8s ' $round "$gap" $mode | tee -a "$OUT/parked_channel.txt"
-            timeout 60 "$work/parked" server 400 160 "$gap" | tee -a "$OUT/parked_channel.txt"
-            [ $mode != none ] && { kill $other 2>/dev/null; wait $other 2>/dev/null; }
+          for size in ${PARKED_SIZES:-400x160}; do
+            for mode in ${PARKED_MODES:-none idle held held3 heldfeed heldpair heldpoll heldpairpoll busy}; do
+              [ $mode != none ] && { "$work/parked" $mode 30 & other=$!; sleep 1.5; }
+              printf '%s gap %-3s %-8s %-8s ' $round "$gap" "$size" $mode |
+                tee -a "$OUT/parked_channel.txt"
+              timeout 60 "$work/parked" server ${size/x/ } "$gap" | tee -a "$OUT/parked_channel.txt"
+              [ $mode != none ] && { kill $other; wait $other; } 2>/dev/null
+              sleep 0.5
+            done
           done
         done
       done ;;
