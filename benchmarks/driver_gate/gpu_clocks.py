@@ -5,9 +5,10 @@ by a CPU that did not run its process in time.
 Each line of the output is one JSON array: wall time (s, as the bench's requests are timed),
 SM clock (MHz), power (mW, the driver's own average), temperature (C), the clock-event reasons
 (NVML's bitmask: 0 none, 1 idle, others throttling), utilisation (%), then the host's: tasks
-runnable (``procs_running`` of ``/proc/stat``), the time some runnable task waited for a CPU
-(``/proc/pressure/cpu``, "some" total, us; null without pressure stall information) and the
-CPU time the hypervisor took from this machine (steal, s, all CPUs; null where not counted).
+runnable (``procs_running`` of ``/proc/stat``, the sampler among them), the time some runnable
+task waited for a CPU (``/proc/pressure/cpu``, "some" total, us; null without pressure stall
+information) and the CPU time the hypervisor took from this machine (steal, s, all CPUs; null
+where not counted).
 One sample every ``--every-ms`` (2 by default; NVML's calls make it about 2.2).
 ``held_progress.py --clocks FILE`` reads it beside a bench run.
 
