@@ -133,29 +133,36 @@ def read_clocks(path: Path) -> list[list[float]]:
     return sorted(samples)
 
 
+def _samples_during(
+    server: dict[str, Any], samples: list[list[Any]], slow: list[int]
+) -> dict[str, list[int]]:
+    """The indices of the samples (by time) taken while a slow request ran, and while another
+    did; those taken between requests in neither."""
+    s, e = server["start"], server["end"]
+    starts = sorted(range(min(len(s), len(e))), key=lambda i: s[i])
+    begins = [s[i] for i in starts]
+    marked = set(slow)
+    found: dict[str, list[int]] = {"slow": [], "other": []}
+    for k, sample in enumerate(samples):
+        j = bisect.bisect_right(begins, sample[0]) - 1  # the last request started by then
+        if j >= 0 and sample[0] <= e[starts[j]]:
+            found["slow" if starts[j] in marked else "other"].append(k)
+    return found
+
+
 def clocks_during(
     server: dict[str, Any], samples: list[list[float]], slow: list[int]
 ) -> dict[str, Any]:
     """The samples taken while the slow requests ran and while the others did: how many, the
     SM clock's median and lowest (MHz), the clock-event reasons seen (NVML's bitmask values)."""
-    times = [sample[0] for sample in samples]
-    s, e = server["start"], server["end"]
-
-    def during(i: int) -> list[list[float]]:
-        return samples[bisect.bisect_left(times, s[i]) : bisect.bisect_right(times, e[i])]
-
-    found = {
-        kind: [row for i in rows for row in during(i)]
-        for kind, rows in _split(min(len(s), len(e)), slow).items()
-    }
     return {
         kind: {
             "samples": len(rows),
-            "sm_mhz_p50": _q([r[1] for r in rows], 0.5),
-            "sm_mhz_min": min((r[1] for r in rows), default=float("nan")),
-            "reasons": sorted({int(r[4]) for r in rows}),
+            "sm_mhz_p50": _q([samples[k][1] for k in rows], 0.5),
+            "sm_mhz_min": min((samples[k][1] for k in rows), default=float("nan")),
+            "reasons": sorted({int(samples[k][4]) for k in rows}),
         }
-        for kind, rows in found.items()
+        for kind, rows in _samples_during(server, samples, slow).items()
     }
 
 
@@ -167,35 +174,26 @@ def host_during(
     time some runnable task waited for a CPU, and the CPU time stolen (ms per second, all
     CPUs), from each sample taken in a request and the one before it; NaN where the samples
     do not say (an older file, a kernel without pressure stall information)."""
-    s, e = server["start"], server["end"]
-    starts = sorted(range(min(len(s), len(e))), key=lambda i: s[i])
-    begins = [s[i] for i in starts]
-    kind_of = {i: "slow" for i in slow}
-    found: dict[str, dict[str, list[float]]] = {
-        k: {"runnable": [], "stall_us": [], "steal_s": [], "wall_s": []} for k in ("slow", "other")
-    }
-    for before, sample in zip(samples, samples[1:], strict=False):
-        if len(sample) < 9 or len(before) < 9:
-            continue
-        j = bisect.bisect_right(begins, sample[0]) - 1
-        if j < 0 or sample[0] > e[starts[j]]:
-            continue  # taken while no request ran
-        rows = found[kind_of.get(starts[j], "other")]
-        if sample[6] is not None:
-            rows["runnable"].append(sample[6])
-        if sample[7] is not None and before[7] is not None:
-            rows["stall_us"].append(sample[7] - before[7])
-            rows["wall_s"].append(sample[0] - before[0])
-        if sample[8] is not None and before[8] is not None:
-            rows["steal_s"].append(sample[8] - before[8])
     out: dict[str, Any] = {}
-    for kind, rows in found.items():
-        wall = sum(rows["wall_s"])
+    for kind, rows in _samples_during(server, samples, slow).items():
+        runnable, stall_us, steal_s, wall_s = [], [], [], []
+        for k in rows:
+            sample, before = samples[k], samples[k - 1]
+            if k == 0 or len(sample) < 9 or len(before) < 9:
+                continue
+            if sample[6] is not None:
+                runnable.append(sample[6])
+            if sample[7] is not None and before[7] is not None:
+                stall_us.append(sample[7] - before[7])
+                wall_s.append(sample[0] - before[0])
+            if sample[8] is not None and before[8] is not None:
+                steal_s.append(sample[8] - before[8])
+        wall = sum(wall_s)
         out[kind] = {
-            "samples": len(rows["runnable"]),
-            "runnable_p50": _q(rows["runnable"], 0.5),
-            "cpu_wait_share": sum(rows["stall_us"]) / 1e6 / wall if wall else float("nan"),
-            "steal_ms_per_s": 1e3 * sum(rows["steal_s"]) / wall if wall else float("nan"),
+            "samples": len(runnable),
+            "runnable_p50": _q(runnable, 0.5),
+            "cpu_wait_share": sum(stall_us) / 1e6 / wall if wall else float("nan"),
+            "steal_ms_per_s": 1e3 * sum(steal_s) / wall if wall else float("nan"),
         }
     return out
 
