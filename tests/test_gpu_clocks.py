@@ -39,13 +39,14 @@ def test_each_line_is_one_sample(tmp_path: Path, monkeypatch, throttle_api: bool
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= 2
     assert all(row[1:6] == [1980, 415000, 45, 4, 60] for row in rows)
-    assert all(len(row) == 9 for row in rows)
+    assert all(len(row) == 10 for row in rows)
     assert rows == sorted(rows)
 
 
 def test_the_hosts_cpu_contention(tmp_path: Path):
     """/proc/stat's steal (the eighth count of the "cpu" line, in clock ticks) and
-    procs_running, /proc/pressure/cpu's "some" total; what a kernel does not say is None."""
+    procs_running, /proc/pressure/cpu's "some" total, the cgroup's throttled time (found from
+    /proc/self/cgroup); what a kernel does not say is None."""
     script = load_script("benchmarks/driver_gate/gpu_clocks.py")
     proc = tmp_path / "proc"
     (proc / "pressure").mkdir(parents=True)
@@ -57,13 +58,22 @@ def test_the_hosts_cpu_contention(tmp_path: Path):
         "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\n"
         "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     )
-    runnable, stall, steal = script.host_sample(proc)
-    assert runnable == 7 and stall == 123456
+    (proc / "self").mkdir()
+    (proc / "self" / "cgroup").write_text("0::/pods/trainer\n")
+    cgroups = tmp_path / "cgroup"
+    cpu_stat = script.cgroup_cpu_stat(proc, cgroups)
+    assert cpu_stat == cgroups / "pods" / "trainer" / "cpu.stat"
+    cpu_stat.parent.mkdir(parents=True)
+    cpu_stat.write_text("usage_usec 9000\nnr_periods 40\nnr_throttled 3\nthrottled_usec 2500\n")
+    runnable, stall, steal, throttled = script.host_sample(proc, cpu_stat)
+    assert runnable == 7 and stall == 123456 and throttled == pytest.approx(0.0025)
     assert steal == pytest.approx(250 / os.sysconf("SC_CLK_TCK"))
     (proc / "pressure" / "cpu").unlink()
     (proc / "stat").write_text("cpu  1 2 3 4\nprocs_running 3\n")  # no steal counted
-    assert script.host_sample(proc) == [3, None, None]
-    assert script.host_sample(tmp_path / "none") == [None, None, None]
+    cpu_stat.write_text("usage_usec 9000\n")  # no CPU controller: no throttling counted
+    assert script.host_sample(proc, cpu_stat) == [3, None, None, None]
+    none = tmp_path / "none"
+    assert script.host_sample(none, none / "cpu.stat") == [None, None, None, None]
 
 
 def test_without_nvml_one_line(tmp_path: Path, monkeypatch, capsys):

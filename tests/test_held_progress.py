@@ -170,29 +170,38 @@ def test_a_slow_requests_gpu_span_tells_a_shared_gpu_from_a_late_start(tmp_path:
 
 
 def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
-    """gpu_clocks.py's host fields, a sample every 0.5 ms: while the slow request ran, 20
-    tasks runnable, some task waiting for a CPU 250 us of each 500 and 0.1 ms stolen; at other
-    times 2 runnable and no wait. An older file, without them, prints no host line."""
+    """gpu_clocks.py's host fields, a sample every 0.5 ms, but every 1 ms while the slow
+    request ran, each of those samples with 20 tasks runnable, 250 us more of some task
+    waiting for a CPU, 0.1 ms more stolen and 0.05 ms more throttled (over the 2.5 ms from the
+    sample before the request: 0.3 of the time, 120 and 60 ms/s); at other times 2 runnable
+    and no wait. An older file, without them, prints no host line."""
     server = _slow_run(tmp_path / "run")
     slow = (server["start"][4], server["end"][4])
-    rows, stall, steal = [], 0, 0.0
-    for k in range(90):
-        t = 9.99525 + 0.0005 * k
+    rows, stall, steal, throttled, t = [], 0, 0.0, 0.0, 9.99525
+    for _ in range(90):
         busy = slow[0] <= t <= slow[1]
         stall, steal = stall + (250 if busy else 0), steal + (1e-4 if busy else 0.0)
-        rows.append(json.dumps([t, 1980, 300000, 40, 0, 50, 20 if busy else 2, stall, steal]))
+        throttled += 5e-5 if busy else 0.0
+        rows.append(
+            json.dumps([t, 1980, 300000, 40, 0, 50, 20 if busy else 2, stall, steal, throttled])
+        )
+        t += 0.001 if busy else 0.0005
     clocks = tmp_path / "clocks.jsonl"
     clocks.write_text("\n".join(rows) + "\n")
     r = _load().summary(tmp_path / "run", clocks=_load().read_clocks(clocks))
     host = r["host"]
-    assert host["slow"]["samples"] == 6 and host["slow"]["runnable_p50"] == 20
-    assert host["slow"]["cpu_wait_share"] == pytest.approx(0.5)
-    assert host["slow"]["steal_ms_per_s"] == pytest.approx(200.0)
+    assert host["slow"]["samples"] == 3 and host["slow"]["runnable_p50"] == 20
+    assert host["slow"]["cpu_wait_share"] == pytest.approx(0.3)
+    assert host["slow"]["steal_ms_per_s"] == pytest.approx(120.0)
+    assert host["slow"]["throttled_ms_per_s"] == pytest.approx(60.0)
+    assert host["slow"]["sampler_period_ms_p50"] == pytest.approx(1.0)
     assert host["other"]["runnable_p50"] == 2 and host["other"]["cpu_wait_share"] == 0
+    assert host["other"]["sampler_period_ms_p50"] == pytest.approx(0.5)
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
     assert (
-        "slow requests ran: 6 samples, runnable tasks median 20, some task waiting for a "
-        "CPU 50.0 % of the time, stolen 200.0 ms/s" in capsys.readouterr().out
+        "slow requests ran: 3 samples, runnable tasks median 20, some task waiting for a "
+        "CPU 30.0 % of the time, stolen 120.0 ms/s, throttled 60.0 ms/s, the sampler's period "
+        "1.0 ms" in capsys.readouterr().out
     )
     clocks.write_text("\n".join(json.dumps(json.loads(row)[:6]) for row in rows) + "\n")
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0

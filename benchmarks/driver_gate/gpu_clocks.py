@@ -7,8 +7,9 @@ SM clock (MHz), power (mW, the driver's own average), temperature (C), the clock
 (NVML's bitmask: 0 none, 1 idle, others throttling), utilisation (%), then the host's: tasks
 runnable (``procs_running`` of ``/proc/stat``, the sampler among them), the time some runnable
 task waited for a CPU (``/proc/pressure/cpu``, "some" total, us; null without pressure stall
-information) and the CPU time the hypervisor took from this machine (steal, s, all CPUs; null
-where not counted).
+information), the CPU time the hypervisor took from this machine (steal, s, all CPUs; null
+where not counted) and the time this process's cgroup was throttled by its CPU limit
+(``cpu.stat``'s ``throttled_usec``, s; null without cgroup v2's CPU controller).
 One sample every ``--every-ms`` (2 by default; NVML's calls make it about 2.2).
 ``held_progress.py --clocks FILE`` reads it beside a bench run.
 
@@ -27,9 +28,21 @@ import time
 from pathlib import Path
 
 
-def host_sample(proc: Path = Path("/proc")) -> list[float | None]:
-    """The host's CPU contention now: tasks runnable, the CPU pressure's "some" total (us) and
-    the steal time (s, all CPUs); None for what this kernel does not say."""
+def cgroup_cpu_stat(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> Path:
+    """The ``cpu.stat`` file of this process's cgroup (cgroup v2), which may not exist."""
+    try:
+        for line in (proc / "self" / "cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return cgroups / line[3:].strip().lstrip("/") / "cpu.stat"
+    except OSError:
+        pass
+    return cgroups / "cpu.stat"
+
+
+def host_sample(proc: Path = Path("/proc"), cpu_stat: Path | None = None) -> list[float | None]:
+    """The host's CPU contention now: tasks runnable, the CPU pressure's "some" total (us),
+    the steal time (s, all CPUs) and the time ``cpu_stat`` (a cgroup's) says its tasks were
+    throttled (s); None for what this kernel does not say."""
     runnable: float | None = None
     steal: float | None = None
     stall: float | None = None
@@ -47,7 +60,13 @@ def host_sample(proc: Path = Path("/proc")) -> list[float | None]:
         stall = int(dict(f.split("=", 1) for f in some[1:] if "=" in f)["total"])
     except (OSError, ValueError, IndexError, KeyError):
         pass
-    return [runnable, stall, steal]
+    throttled: float | None = None
+    try:
+        stat = (cpu_stat or cgroup_cpu_stat(proc)).read_text()
+        throttled = int(dict(line.split() for line in stat.splitlines())["throttled_usec"]) / 1e6
+    except (OSError, ValueError, KeyError):
+        pass
+    return [runnable, stall, steal, throttled]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
     reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
     end = time.time() + args.seconds
+    cpu_stat = cgroup_cpu_stat()
+    limit = cpu_stat.with_name("cpu.max")
+    print(f"gpu_clocks: cgroup CPU limit {limit.read_text().strip() if limit.exists() else 'none'}")
     with open(args.out, "w") as out:
         while time.time() < end:
             sample = [
@@ -77,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
                 reasons(handle),
                 nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                *host_sample(),
+                *host_sample(cpu_stat=cpu_stat),
             ]
             out.write(json.dumps(sample) + "\n")
             time.sleep(args.every_ms / 1e3)

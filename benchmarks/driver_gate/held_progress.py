@@ -166,34 +166,45 @@ def clocks_during(
     }
 
 
+def _rate(counted: tuple[list[float], list[float]], scale: float) -> float:
+    """A counter's growth per second of the samples' time, times ``scale``; NaN without any."""
+    deltas, walls = counted
+    return scale * sum(deltas) / sum(walls) if sum(walls) else float("nan")
+
+
 def host_during(
     server: dict[str, Any], samples: list[list[Any]], slow: list[int]
 ) -> dict[str, Any]:
-    """The host's CPU contention (``gpu_clocks.py``'s last three fields) while the slow
-    requests ran and while the others did: the median of the runnable tasks, the share of the
-    time some runnable task waited for a CPU, and the CPU time stolen (ms per second, all
-    CPUs), from each sample taken in a request and the one before it; NaN where the samples
-    do not say (an older file, a kernel without pressure stall information)."""
+    """The host's CPU contention (``gpu_clocks.py``'s host fields) while the slow requests ran
+    and while the others did: the median of the runnable tasks, the share of the time some
+    runnable task waited for a CPU, the CPU time stolen and the time the sampler's cgroup was
+    throttled (ms per second, all CPUs), from each sample taken in a request and the one
+    before it; and the sampler's own period by the median, which a CPU side slowed for every
+    process stretches. NaN where the samples do not say (an older file, a kernel without
+    pressure stall information, no cgroup CPU controller)."""
     out: dict[str, Any] = {}
     for kind, rows in _samples_during(server, samples, slow).items():
-        runnable, stall_us, steal_s, wall_s = [], [], [], []
+        runnable, period_s = [], []
+        counted: dict[int, tuple[list[float], list[float]]] = {f: ([], []) for f in (7, 8, 9)}
         for k in rows:
             sample, before = samples[k], samples[k - 1]
             if k == 0 or len(sample) < 9 or len(before) < 9:
                 continue
+            period_s.append(sample[0] - before[0])
             if sample[6] is not None:
                 runnable.append(sample[6])
-            if sample[7] is not None and before[7] is not None:
-                stall_us.append(sample[7] - before[7])
-                wall_s.append(sample[0] - before[0])
-            if sample[8] is not None and before[8] is not None:
-                steal_s.append(sample[8] - before[8])
-        wall = sum(wall_s)
+            for field, (deltas, walls) in counted.items():
+                if len(sample) > field and sample[field] is not None and before[field] is not None:
+                    deltas.append(sample[field] - before[field])
+                    walls.append(sample[0] - before[0])
+
         out[kind] = {
-            "samples": len(runnable),
+            "samples": len(period_s),
             "runnable_p50": _q(runnable, 0.5),
-            "cpu_wait_share": sum(stall_us) / 1e6 / wall if wall else float("nan"),
-            "steal_ms_per_s": 1e3 * sum(steal_s) / wall if wall else float("nan"),
+            "cpu_wait_share": _rate(counted[7], 1e-6),
+            "steal_ms_per_s": _rate(counted[8], 1e3),
+            "throttled_ms_per_s": _rate(counted[9], 1e3),
+            "sampler_period_ms_p50": 1e3 * _q(period_s, 0.5),
         }
     return out
 
@@ -403,7 +414,8 @@ def _print(r: dict[str, Any]) -> None:
         print(f"host while the {kind} requests ran: {h['samples']} samples, runnable tasks "
               f"median {h['runnable_p50']:g}, some task waiting for a CPU "
               f"{100 * h['cpu_wait_share']:.1f} % of the time, stolen "
-              f"{h['steal_ms_per_s']:.1f} ms/s")  # fmt: skip
+              f"{h['steal_ms_per_s']:.1f} ms/s, throttled {h['throttled_ms_per_s']:.1f} ms/s, "
+              f"the sampler's period {h['sampler_period_ms_p50']:.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@
 # (light with the trainer's barriers spaced by each of SPACINGS ms of GPU time, default "0.1 0.2
 # 0.4": what they cost it), window (light with at most each of WINDOWS ms of work in flight per
 # stream, default "25 4 1", beside the server CASE_A, default light; eager: the eager ResNet-50).
-# REPEATS (default 3) repeats; REQUESTS (default 1000) requests of Case-A per scenario; CLOCKS=1
+# REPEATS (default 3) repeats; REQUESTS (default 1000) requests of Case-A per scenario; BENCH_ARGS:
+# more options for every bench (e.g. BENCH_ARGS=--serve-args=--no-watch); CLOCKS=1
 # samples the GPU's clocks beside each bench (gpu_clocks.py; the cell's clocks.jsonl.gz, which
 # held_progress.py reads beside each run's slow requests). DEADLINE_S
 # (seconds from the start, unset: none) stops a bench in time for its cell to be kept: a bench
@@ -52,7 +53,7 @@ bench() {  # folder under $work, time limit (s), bench options...
       --seconds "$limit" & sampler=$!
   fi
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
-    --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" \
+    --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" ${BENCH_ARGS:-} \
     --out "$work/$name" > "$work/$name.log" 2>&1
   rc=$?
   [ -n "$sampler" ] && { kill "$sampler"; wait "$sampler"; } 2>/dev/null
