@@ -214,11 +214,7 @@ void put_barrier(GateState* g, uint64_t work) {
     return;
   }
   MaybeNoGil nogil;
-  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
-  if (!lock.try_lock()) {
-    nogil.release();
-    lock.lock();
-  }
+  const auto lock = lock_without_gil(g->mu, nogil);
   if (work < g->next_barrier_work.load(std::memory_order_relaxed) ||
       !g->barriers.load(std::memory_order_relaxed)) {
     return;  // another thread put this one, or barriers just failed

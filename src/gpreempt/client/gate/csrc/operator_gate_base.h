@@ -154,6 +154,19 @@ class MaybeNoGil {
   PyThreadState* state_ = nullptr;
 };
 
+// Takes `mu` at once where it is free, else lets the GIL go (through `nogil`, declared before
+// the lock so that the lock is let go first) and waits for it. A thread holding mu may wait on
+// the GPU for work held at a barrier that only a Python thread can free (the client's stranded
+// watch, once the daemon is gone), so no thread may wait for mu while it holds the GIL.
+inline std::unique_lock<std::mutex> lock_without_gil(std::mutex& mu, MaybeNoGil& nogil) {
+  std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    nogil.release();
+    lock.lock();
+  }
+  return lock;
+}
+
 // --- control block access: plain atomic loads and stores on the shared mapping -------------
 inline void store64(uint8_t* base, size_t off, uint64_t v) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(base + off), v, __ATOMIC_RELAXED);

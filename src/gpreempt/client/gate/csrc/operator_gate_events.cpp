@@ -171,11 +171,7 @@ void start_sample(GateState* g, OpCost* op) {
 // what it measures).
 void finish_sample(GateState* g) {
   MaybeNoGil nogil;
-  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
-  if (!lock.try_lock()) {
-    nogil.release();
-    lock.lock();
-  }
+  const auto lock = lock_without_gil(g->mu, nogil);
   if (g->sample_op == nullptr) {
     return;  // another thread closed it
   }

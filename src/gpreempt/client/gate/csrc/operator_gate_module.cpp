@@ -65,7 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             on = false;
           }
         }
-        std::lock_guard<std::mutex> lock(g->mu);
+        MaybeNoGil nogil;
+        const auto lock = lock_without_gil(g->mu, nogil);
         if (!refused.empty()) {
           g->error = "barrier: " + refused;  // events still work: not failed
         }

@@ -132,11 +132,7 @@ void mark_active(GateState* g) {
 // segment (to learn the stream now).
 void segment(GateState* g, uint64_t n, uint64_t work, uint64_t cost, bool force) {
   MaybeNoGil nogil;
-  std::unique_lock<std::mutex> lock(g->mu, std::defer_lock);
-  if (!lock.try_lock()) {
-    nogil.release();
-    lock.lock();
-  }
+  const auto lock = lock_without_gil(g->mu, nogil);
   if (!force && n < g->next_mark.load(std::memory_order_relaxed) &&
       work + cost < g->next_work_mark.load(std::memory_order_relaxed)) {
     return;  // another thread took this segment
