@@ -179,9 +179,9 @@ def host_during(
     and while the others did: the median of the runnable tasks, the share of the time some
     runnable task waited for a CPU, the CPU time stolen and the time the sampler's cgroup was
     throttled (ms per second, all CPUs), from each sample taken in a request and the one
-    before it; and the sampler's own period by the median, which a CPU side slowed for every
-    process stretches. NaN where the samples do not say (an older file, a kernel without
-    pressure stall information, no cgroup CPU controller)."""
+    before it; and the sampler's own period by the median, which grows where the CPU side
+    slows for every process, the sampler's among them. NaN where the samples do not say (an
+    older file, a kernel without pressure stall information, no cgroup CPU controller)."""
     out: dict[str, Any] = {}
     for kind, rows in _samples_during(server, samples, slow).items():
         runnable, period_s = [], []
@@ -197,7 +197,6 @@ def host_during(
                 if len(sample) > field and sample[field] is not None and before[field] is not None:
                     deltas.append(sample[field] - before[field])
                     walls.append(sample[0] - before[0])
-
         out[kind] = {
             "samples": len(period_s),
             "runnable_p50": _q(runnable, 0.5),
