@@ -39,7 +39,9 @@ def test_each_line_is_one_sample(tmp_path: Path, monkeypatch, throttle_api: bool
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= 2
     assert all(row[1:6] == [1980, 415000, 45, 4, 60] for row in rows)
-    assert all(len(row) == 10 for row in rows)
+    assert all(len(row) == 13 for row in rows)
+    assert rows[0][10] is None and all(row[10] > -1.0 for row in rows[1:])  # woke late (ms)
+    assert all(row[11] >= 0 and row[12] > 0 for row in rows)  # NVML reads (ms), CPU probe (us)
     assert rows == sorted(rows)
 
 

@@ -174,7 +174,9 @@ def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
     request ran, each of those samples with 20 tasks runnable, 250 us more of some task
     waiting for a CPU, 0.1 ms more stolen and 0.05 ms more throttled (over the 2.5 ms from the
     sample before the request: 0.3 of the time, 120 and 60 ms/s); at other times 2 runnable
-    and no wait. An older file, without them, prints no host line."""
+    and no wait; the sampler woke 2 ms late, read NVML in 0.5 ms and ran its CPU probe in
+    40 us while the slow request ran, against 0.05, 0.2 and 20 at other times. An older
+    file, without them, prints no host line."""
     server = _slow_run(tmp_path / "run")
     slow = (server["start"][4], server["end"][4])
     rows, stall, steal, throttled, t = [], 0, 0.0, 0.0, 9.99525
@@ -183,7 +185,10 @@ def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
         stall, steal = stall + (250 if busy else 0), steal + (1e-4 if busy else 0.0)
         throttled += 5e-5 if busy else 0.0
         rows.append(
-            json.dumps([t, 1980, 300000, 40, 0, 50, 20 if busy else 2, stall, steal, throttled])
+            json.dumps(
+                [t, 1980, 300000, 40, 0, 50, 20 if busy else 2, stall, steal, throttled]
+                + ([2.0, 0.5, 40.0] if busy else [0.05, 0.2, 20.0])
+            )
         )
         t += 0.001 if busy else 0.0005
     clocks = tmp_path / "clocks.jsonl"
@@ -197,12 +202,23 @@ def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
     assert host["slow"]["sampler_period_ms_p50"] == pytest.approx(1.0)
     assert host["other"]["runnable_p50"] == 2 and host["other"]["cpu_wait_share"] == 0
     assert host["other"]["sampler_period_ms_p50"] == pytest.approx(0.5)
+    assert (host["slow"]["sleep_late_ms_p50"], host["other"]["sleep_late_ms_p50"]) == (2.0, 0.05)
+    assert (host["slow"]["nvml_read_ms_p50"], host["other"]["nvml_read_ms_p50"]) == (0.5, 0.2)
+    assert (host["slow"]["cpu_probe_us_p50"], host["other"]["cpu_probe_us_p50"]) == (40, 20)
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
     assert (
         "slow requests ran: 3 samples, runnable tasks median 20, some task waiting for a "
         "CPU 30.0 % of the time, stolen 120.0 ms/s, throttled 60.0 ms/s, the sampler's period "
-        "1.0 ms" in capsys.readouterr().out
+        "1.0 ms (woke 2.00 ms late, NVML reads 0.50 ms, CPU probe 40 us)" in capsys.readouterr().out
     )
+    alone = tmp_path / "alone"  # the server's run alone: its requests and the host beside them
+    alone.mkdir()
+    (alone / "case-a.json").write_text((tmp_path / "run" / "case-a.json").read_text())
+    r = _load().summary(alone, clocks=_load().read_clocks(clocks))
+    assert r["slow"]["slow"] >= 1 and r["host"] == host and "active_share" not in r
+    assert _load().main(["--clocks", str(clocks), str(alone)]) == 0
+    out = capsys.readouterr().out
+    assert "requests over" in out and "trainer" not in out and "host while the slow" in out
     clocks.write_text("\n".join(json.dumps(json.loads(row)[:6]) for row in rows) + "\n")
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
     assert "host while" not in capsys.readouterr().out

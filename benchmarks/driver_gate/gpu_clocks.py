@@ -9,7 +9,11 @@ runnable (``procs_running`` of ``/proc/stat``, the sampler among them), the time
 task waited for a CPU (``/proc/pressure/cpu``, "some" total, us; null without pressure stall
 information), the CPU time the hypervisor took from this machine (steal, s, all CPUs; null
 where not counted) and the time this process's cgroup was throttled by its CPU limit
-(``cpu.stat``'s ``throttled_usec``, s; null without cgroup v2's CPU controller).
+(``cpu.stat``'s ``throttled_usec``, s; null without cgroup v2's CPU controller); then the
+sampler's own timings, which tell how a slower CPU side shows: how late its last sleep woke
+(ms over what it asked: a CPU that was idle coming back late), how long the NVML reads took
+(ms: the driver's own calls) and how long a fixed piece of pure-Python work took (us: the
+CPU's speed while this process runs).
 One sample every ``--every-ms`` (2 by default; NVML's calls make it about 2.2).
 ``held_progress.py --clocks FILE`` reads it beside a bench run.
 
@@ -69,6 +73,16 @@ def host_sample(proc: Path = Path("/proc"), cpu_stat: Path | None = None) -> lis
     return [runnable, stall, steal, throttled]
 
 
+def cpu_probe_us(rounds: int = 2000) -> float:
+    """How long a fixed piece of pure-Python work takes now (us): it grows where the CPU runs
+    this process slower (a busy sibling thread, a lower clock, time taken by the host)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(rounds):
+        total += i * i
+    return (time.perf_counter() - start) * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the file to write (JSON arrays, a line each)")
@@ -91,18 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     limit = cpu_stat.with_name("cpu.max")
     print(f"gpu_clocks: cgroup CPU limit {limit.read_text().strip() if limit.exists() else 'none'}")
     with open(args.out, "w") as out:
+        late_ms: float | None = None
         while time.time() < end:
-            sample = [
-                time.time(),
+            wall, read_start = time.time(), time.perf_counter()
+            gpu = [
                 nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
                 nvml.nvmlDeviceGetPowerUsage(handle),
                 nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
                 reasons(handle),
                 nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                *host_sample(cpu_stat=cpu_stat),
             ]
+            read_ms = (time.perf_counter() - read_start) * 1e3
+            sample = [wall, *gpu, *host_sample(cpu_stat=cpu_stat), late_ms, read_ms, cpu_probe_us()]
             out.write(json.dumps(sample) + "\n")
+            asleep = time.perf_counter()
             time.sleep(args.every_ms / 1e3)
+            late_ms = (time.perf_counter() - asleep) * 1e3 - args.every_ms
     return 0
 
 

@@ -27,9 +27,12 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
   its clock-event reasons while the slow requests ran, against the other requests: a slow
   request at full clock, no reason given, met other work, not a slower GPU; and the host's
   runnable tasks, the share of the time some task waited for a CPU and the CPU time stolen by
-  the hypervisor, for the same split.
+  the hypervisor, for the same split, and the sampler's own timings (its period, how late its
+  sleep woke, its NVML reads, a fixed piece of CPU work).
 
-Without ``events.jsonl`` (a run kept without it) only the slow requests are printed.
+Without ``events.jsonl`` (a run kept without it), or without a trainer (the server's runs
+alone, ``a-alone``, read for their slow requests and the host beside them), only the slow
+requests, their GPU spans and the samples are printed.
 
     python3 benchmarks/driver_gate/held_progress.py [--json] [--grace-ms MS] [--clocks FILE]
         RUN_FOLDER...
@@ -180,11 +183,14 @@ def host_during(
     runnable task waited for a CPU, the CPU time stolen and the time the sampler's cgroup was
     throttled (ms per second, all CPUs), from each sample taken in a request and the one
     before it; and the sampler's own period by the median, which grows where the CPU side
-    slows for every process, the sampler's among them. NaN where the samples do not say (an
-    older file, a kernel without pressure stall information, no cgroup CPU controller)."""
+    slows for every process, the sampler's among them, with its parts: how late its sleep
+    woke, how long its NVML reads took and how long its fixed piece of CPU work took (the
+    medians; ``gpu_clocks.py``). NaN where the samples do not say (an older file, a kernel
+    without pressure stall information, no cgroup CPU controller)."""
     out: dict[str, Any] = {}
     for kind, rows in _samples_during(server, samples, slow).items():
         runnable, period_s = [], []
+        timed: dict[int, list[float]] = {10: [], 11: [], 12: []}
         counted: dict[int, tuple[list[float], list[float]]] = {f: ([], []) for f in (7, 8, 9)}
         for k in rows:
             sample, before = samples[k], samples[k - 1]
@@ -193,6 +199,9 @@ def host_during(
             period_s.append(sample[0] - before[0])
             if sample[6] is not None:
                 runnable.append(sample[6])
+            for field, values in timed.items():
+                if len(sample) > field and sample[field] is not None:
+                    values.append(sample[field])
             for field, (deltas, walls) in counted.items():
                 if len(sample) > field and sample[field] is not None and before[field] is not None:
                     deltas.append(sample[field] - before[field])
@@ -204,6 +213,9 @@ def host_during(
             "steal_ms_per_s": _rate(counted[8], 1e3),
             "throttled_ms_per_s": _rate(counted[9], 1e3),
             "sampler_period_ms_p50": 1e3 * _q(period_s, 0.5),
+            "sleep_late_ms_p50": _q(timed[10], 0.5),
+            "nvml_read_ms_p50": _q(timed[11], 0.5),
+            "cpu_probe_us_p50": _q(timed[12], 0.5),
         }
     return out
 
@@ -298,7 +310,9 @@ def summary(
     daemon's events where the folder has none); ``grace_ms``: the server's idle grace where
     the run's ``results.json`` does not say it (:func:`run_grace_ms`); ``clocks``: the GPU's
     samples over the run (:func:`read_clocks`), if any."""
-    server, trainer = _read(folder, "case-a.json"), _read(folder, "case-b-0.json")
+    server = _read(folder, "case-a.json")
+    alone = not any((folder / f).exists() for f in ("case-b-0.json", "case-b-0.json.gz"))
+    trainer = {"step_end_t": []} if alone else _read(folder, "case-b-0.json")
     every = trainer["step_end_t"]
     gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
     step_s = statistics.median(gaps) if gaps else float("nan")
@@ -313,7 +327,7 @@ def summary(
         result["clocks"] = clocks_during(server, clocks, slow)
         result["host"] = host_during(server, clocks, slow)
     events = _read(folder, "events.jsonl", required=False)
-    if events is None:
+    if events is None or alone:
         return result
     begin, end = server["start"][0], server["end"][-1]
     grace_ms = run_grace_ms(folder, DEFAULT_IDLE_GRACE_MS if grace_ms is None else grace_ms)
@@ -395,11 +409,16 @@ def _print(r: dict[str, Any]) -> None:
             print(f"the daemon's suspend calls during the {kind} requests: n={c['n']}, median "
                   f"{c['p50']:.3f} ms, longest {c['max']:.3f} ms")  # fmt: skip
     slow = r["slow"]
+    trainer = (
+        f"; the trainer's longest step over one {slow['longest_step_ms']:.0f} ms (its median "
+        f"{r['step_ms']:.0f})"
+        if r["step_ms"] == r["step_ms"]  # not NaN: a trainer ran
+        else ""
+    )
     print(
         f"requests over {slow['limit_ms']:.2f} ms (twice the median service): {slow['slow']} "
         f"({slow['queued']} queued behind another), in stretches {slow['in_stretches']}, the "
-        f"longest {slow['longest_request_ms']:.1f} ms; the trainer's longest step over one "
-        f"{slow['longest_step_ms']:.0f} ms (its median {r['step_ms']:.0f})"
+        f"longest {slow['longest_request_ms']:.1f} ms{trainer}"
     )
     for kind, g in r.get("gpu_ms", {}).items():
         print(f"GPU span of the {kind} requests (n={g['n']}): median {g['gpu_p50']:.2f} ms, "
@@ -414,7 +433,9 @@ def _print(r: dict[str, Any]) -> None:
               f"median {h['runnable_p50']:g}, some task waiting for a CPU "
               f"{100 * h['cpu_wait_share']:.1f} % of the time, stolen "
               f"{h['steal_ms_per_s']:.1f} ms/s, throttled {h['throttled_ms_per_s']:.1f} ms/s, "
-              f"the sampler's period {h['sampler_period_ms_p50']:.1f} ms")  # fmt: skip
+              f"the sampler's period {h['sampler_period_ms_p50']:.1f} ms (woke "
+              f"{h['sleep_late_ms_p50']:.2f} ms late, NVML reads {h['nvml_read_ms_p50']:.2f} "
+              f"ms, CPU probe {h['cpu_probe_us_p50']:.0f} us)")  # fmt: skip
 
 
 if __name__ == "__main__":

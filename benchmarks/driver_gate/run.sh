@@ -66,7 +66,7 @@ keep() {  # cell name, the bench folder it ran in
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
   clocks=$(ls "$dir.clocks.jsonl" "$(dirname "$dir").clocks.jsonl" 2>/dev/null | head -1)
   [ -n "$clocks" ] && gzip -c "$clocks" > "$OUT/$name/clocks.jsonl.gz"
-  for run in "$dir"/runs/r*/gpreempt*; do
+  for run in "$dir"/runs/r*/gpreempt* "$dir"/runs/r*/a-alone*; do  # alone: the host beside it
     [ -f "$run/case-a.json" ] || continue
     local kept="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
     mkdir -p "$kept"
@@ -74,7 +74,7 @@ keep() {  # cell name, the bench folder it ran in
       [ -f "$run/$f" ] && gzip -c "$run/$f" > "$kept/$f.gz"
     done
     python3 benchmarks/driver_gate/held_progress.py ${clocks:+--clocks "$clocks"} "$kept" 2>&1 |
-      sed -n '2p;/^requests over/p;/^GPU /p;/^host /p;/suspend calls/p;/holds no/p' |
+      sed -n '/^trainer steps/p;/^requests over/p;/^GPU /p;/^host /p;/suspend calls/p;/holds no/p' |
       sed "s|^|  $(basename "$kept"): |"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
