@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -73,11 +72,21 @@ def gpreempt(runtime_dir: Path, *args: str, **kwargs) -> subprocess.CompletedPro
     )
 
 
+def status(runtime_dir: Path) -> dict:
+    """The daemon's reply to ``status``, as ``gpreempt status --json`` prints it, asked from
+    this process: tests poll it, and a CLI process costs a Python start each time (0.2-0.5 s
+    on a loaded two-core machine). test_cli_status checks that the CLI prints the same."""
+    from gpreempt.client.connection import DaemonClient
+
+    with DaemonClient.connect(runtime_dir) as client:
+        reply = client.status()
+    reply.pop("ok", None)
+    return reply
+
+
 def tasks(runtime_dir: Path) -> list[dict]:
     """The daemon's tasks as ``status --json`` gives them."""
-    result = gpreempt(runtime_dir, "status", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["tasks"]
+    return status(runtime_dir)["tasks"]
 
 
 def task_named(runtime_dir: Path, name: str) -> dict | None:
@@ -200,6 +209,22 @@ def runtime_dir(tmp_path: Path) -> Path:
     subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
+@contextlib.contextmanager
+def module_daemon(*extra: str) -> Iterator[Daemon]:
+    """A daemon in a runtime directory of its own, for a module-scoped fixture: cases that
+    each leave it as they found it (requests it refuses) share it, rather than each paying
+    for a daemon's start."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gp-"))
+    daemon = Daemon(path, *extra)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
 @pytest.fixture
 def daemon(runtime_dir: Path) -> Iterator[Daemon]:
     d = Daemon(runtime_dir)
@@ -225,17 +250,22 @@ while True:
 
 #: A high-priority client that holds one request (for 1.5 s, or argv[4] s) once told to, then
 #: stays idle. argv: runtime dir, the file that says go, the file that exists while the request
-#: lasts.
+#: lasts, and optionally the seconds and a file that ends the request early once it exists
+#: (a test that has checked what it must inside the request need not wait out the rest).
 HOLDING_SERVER = """
 import sys, time, pathlib
 import gpreempt
 gpreempt.attach("high", name="server", gate=False, runtime_dir=sys.argv[1])
 go, inside = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 1.5
+release = pathlib.Path(sys.argv[5]) if len(sys.argv) > 5 else None
 while not go.exists():
     time.sleep(0.01)
 with gpreempt.request():
     inside.touch()
-    time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 1.5)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not (release and release.exists()):
+        time.sleep(0.01)
 inside.unlink()
 time.sleep(600)
 """
@@ -294,6 +324,13 @@ class Counter:
         before = self.value()
         time.sleep(seconds)
         return self.value() - before
+
+    def advances(self, within: float) -> bool:
+        """Whether it makes progress within ``within`` seconds, known as soon as it does: what
+        ``progress_over(within) > 0`` says of a counter that only counts up, without waiting
+        out the rest (a check that it makes none must wait it out: ``progress_over``)."""
+        before = self.value()
+        return wait_for(lambda: self.value() > before, within, interval=0.005)
 
 
 @pytest.fixture

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, status, wait_for
 
 pytest.importorskip("torch")
 
@@ -37,17 +36,16 @@ def test_gate_is_installed_and_used_by_auto(
         assert wait_for(lambda: counter.value() > 0, 120), "the PyTorch child never ran"
 
         def trainer() -> dict:
-            reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-            return next(t for t in reply["tasks"] if t["name"] == "trainer")
+            return next(t for t in status(runtime_dir)["tasks"] if t["name"] == "trainer")
 
         assert wait_for(lambda: (trainer()["gate"] or {}).get("installed"), 30)
         assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
-        status = trainer()
-        assert status["state"] == "held" and status["last_mechanism"] == "gate"
+        task = trainer()
+        assert task["state"] == "held" and task["last_mechanism"] == "gate"
         time.sleep(0.2)
         assert counter.progress_over(0.5) == 0, "the gate let operators through"
         assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
-        assert wait_for(lambda: counter.progress_over(0.1) > 0, 5)
+        assert counter.advances(5)
         assert trainer()["gate"]["waits"] >= 1
     finally:
         low.send_signal(signal.SIGTERM)

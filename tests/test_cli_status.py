@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
+
+from conftest import Daemon, gpreempt, status
 
 DAEMON = {"pid": 1, "policy": "hpf", "runtime_dir": "/tmp/x", "lock_available": True}
 
@@ -79,3 +84,23 @@ def test_a_task_whose_suspension_did_not_hold_gets_a_line_saying_so(capsys, monk
     out = capsys.readouterr().out
     assert "not held: jax (pid 6)" in out and "3 time(s)" in out
     assert "not held: ok" not in out
+
+
+def test_status_json_prints_the_daemons_reply(daemon: Daemon, runtime_dir: Path) -> None:
+    """What the end-to-end tests read in this process (conftest.status) is what
+    `gpreempt status --json` prints: the daemon's reply without its "ok"."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        attached = gpreempt(runtime_dir, "attach", "--pid", str(sleeper.pid), "--name", "sleeper")
+        assert attached.returncode == 0, attached.stderr
+        result = gpreempt(runtime_dir, "status", "--json")
+        assert result.returncode == 0, result.stderr
+        printed, asked = json.loads(result.stdout), status(runtime_dir)
+        assert "ok" not in printed and set(printed) == set(asked)
+        assert printed["daemon"]["pid"] == asked["daemon"]["pid"] == daemon.process.pid
+        assert [t["name"] for t in printed["tasks"]] == [t["name"] for t in asked["tasks"]]
+        assert [t["name"] for t in asked["tasks"]] == ["sleeper"]
+        assert set(printed["tasks"][0]) == set(asked["tasks"][0])
+    finally:
+        sleeper.kill()
+        sleeper.wait()

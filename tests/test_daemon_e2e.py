@@ -23,26 +23,30 @@ from conftest import (
 )
 
 HIGH_REQUEST = """
-import gpreempt, sys, time
+import gpreempt, os, sys, time
 time.sleep(0.3)
 with gpreempt.request():
     open(sys.argv[1], "w").write("in")
-    time.sleep(float(sys.argv[2]))
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end and not (sys.argv[3:] and os.path.exists(sys.argv[3])):
+        time.sleep(0.01)
 open(sys.argv[1], "w").write("out")
 time.sleep(0.5)
 """
 
 
 def start_high_request(
-    runtime_dir: Path, tmp_path: Path, marker: Path, seconds: float
+    runtime_dir: Path, tmp_path: Path, marker: Path, seconds: float, release: Path | None = None
 ) -> subprocess.Popen:
-    """`gpreempt run -p high` of a script that holds one request() for ``seconds``; it writes
-    "in" to ``marker`` inside the request and "out" after it."""
+    """`gpreempt run -p high` of a script that holds one request() for ``seconds``, or until
+    the file ``release`` exists; it writes "in" to ``marker`` inside the request and "out"
+    after it."""
     script = tmp_path / "high.py"
     script.write_text(HIGH_REQUEST)
+    until = [] if release is None else [str(release)]
     return spawn(
         runtime_dir, "run", "-p", "high", "--name", "server", "--",
-        "python3", str(script), str(marker), str(seconds),
+        "python3", str(script), str(marker), str(seconds), *until,
     )  # fmt: skip
 
 
@@ -65,7 +69,7 @@ def test_low_task_stops_while_high_request_open(
         assert status["state"] == "suspended"
         assert counter.progress_over(0.8) == 0, "low task progressed inside the request"
         assert wait_for(lambda: marker.read_text() == "out", 10)
-        assert wait_for(lambda: counter.progress_over(0.2) > 0, 5), "low task did not resume"
+        assert counter.advances(5), "low task did not resume"
         assert high.wait(10) == 0
         trainer = task_named(runtime_dir, "trainer")
         assert trainer["state"] == "running"
@@ -85,7 +89,11 @@ def test_run_forwards_exit_code_and_signals(daemon: Daemon, runtime_dir: Path) -
     result = gpreempt(runtime_dir, "run", "--", "python3", "-c", "import sys; sys.exit(7)")
     assert result.returncode == 7
     proc = spawn(runtime_dir, "run", "--", "python3", "-c", "import time; time.sleep(30)")
-    assert wait_for(lambda: len(tasks(runtime_dir)) == 1)
+    # Seen registered through the CLI, as before: the launcher takes over SIGTERM only once it
+    # supervises its command, a moment after the daemon lists the task; a SIGTERM sent the
+    # moment the listing (asked in-process) shows it could come first and kill the launcher.
+    assert wait_for(lambda: len(json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
+                                ["tasks"]) == 1)  # fmt: skip
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 128 + signal.SIGTERM
 
@@ -118,7 +126,7 @@ def test_high_killed_inside_request_resumes_low(
         server = task_named(runtime_dir, "server")
         os.kill(server["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
-        assert wait_for(lambda: counter.progress_over(0.05) > 0, 5)
+        assert counter.advances(5)
         assert time.monotonic() - killed_at < 1.5
         assert high.wait(10) == 128 + signal.SIGKILL
     finally:
@@ -142,7 +150,7 @@ def test_daemon_sigkill_launcher_resumes_child(
         killed_at = time.monotonic()
         assert wait_for(lambda: process_state(pid) not in ("T", ""), 2)
         assert time.monotonic() - killed_at < 1.0
-        assert wait_for(lambda: counter.progress_over(0.1) > 0, 2)
+        assert counter.advances(2)
         # A new daemon: the launcher registers again with it.
         daemon = Daemon(runtime_dir)
         assert wait_for(lambda: task_named(runtime_dir, "trainer") is not None, 5)
@@ -214,7 +222,7 @@ def test_manual_suspend_resume_overrides_policy(
         assert counter.progress_over(0.4) == 0
         assert gpreempt(runtime_dir, "resume", "job").returncode == 0
         assert task_named(runtime_dir, "job")["state"] == "running"
-        assert wait_for(lambda: counter.progress_over(0.1) > 0, 3)
+        assert counter.advances(3)
         kinds = [
             json.loads(x)["event"] for x in (runtime_dir / "events.jsonl").read_text().splitlines()
         ]
@@ -343,12 +351,13 @@ def _watched_while_high_requests(runtime_dir: Path, tmp_path: Path) -> tuple[boo
     low = _start_watcher(runtime_dir, tmp_path, seen)
     try:
         assert wait_for(lambda: seen.exists(), 10), "the low task never started"
-        marker = tmp_path / "marker"
-        high = start_high_request(runtime_dir, tmp_path, marker, 1.5)
+        marker, release = tmp_path / "marker", tmp_path / "release"
+        high = start_high_request(runtime_dir, tmp_path, marker, 30, release)
         assert wait_for(lambda: marker.exists() and marker.read_text() == "in", 10)
         active = wait_for(lambda: seen.read_text() == "1", 1.0)
         server_id = task_named(runtime_dir, "server")["task_id"]
         listed = task_named(runtime_dir, "trainer")["watching"] == [server_id]
+        release.touch()  # the request ends
         assert wait_for(lambda: marker.read_text() == "out", 10)
         idle = wait_for(lambda: seen.read_text() == "0", 2.0)
         assert high.wait(10) == 0

@@ -7,10 +7,11 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, gpreempt, wait_for
+from conftest import Daemon, gpreempt, module_daemon, wait_for
 
 from gpreempt.client.connection import DaemonClient
 from gpreempt.errors import NoSuchProcess, NoSuchTask, PermissionDenied, ProtocolError
@@ -22,6 +23,13 @@ def raw(runtime_dir: Path) -> socket.socket:
     sock.settimeout(5)
     sock.connect(str(runtime_dir / "gpreempt.sock"))
     return sock
+
+
+@pytest.fixture(scope="module")
+def refusing_daemon() -> Iterator[Daemon]:
+    """One daemon for the bad requests: each is refused and leaves nothing behind."""
+    with module_daemon() as daemon:
+        yield daemon
 
 
 def still_serving(runtime_dir: Path) -> bool:
@@ -48,7 +56,8 @@ def test_malformed_message_gets_error_reply(daemon: Daemon, runtime_dir: Path) -
         ({"op": "channel"}, "two fds"),
     ],
 )
-def test_bad_requests_are_refused(daemon: Daemon, runtime_dir: Path, message, expect) -> None:
+def test_bad_requests_are_refused(refusing_daemon: Daemon, message, expect) -> None:
+    runtime_dir = refusing_daemon.runtime_dir
     with raw(runtime_dir) as sock:
         sock.sendall(json.dumps(message).encode() + b"\n")
         reply = json.loads(sock.recv(4096))

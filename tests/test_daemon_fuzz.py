@@ -199,7 +199,7 @@ def test_random_messages_and_descriptors_never_hurt_the_daemon(fuzz_daemon: Orph
                                 os.ftruncate(fd, 0)
                             with contextlib.suppress(OSError):
                                 os.eventfd_write(fd, 1)
-                        time.sleep(0.05)
+                        settled(runtime_dir)
                     sock.shutdown(socket.SHUT_WR)
                     while sock.recv(65536):
                         pass
@@ -219,6 +219,15 @@ def test_random_messages_and_descriptors_never_hurt_the_daemon(fuzz_daemon: Orph
     time.sleep(0.3)
     assert open_fds(pid) <= fds_before + 2, "descriptors leaked"
     assert rss_kib(pid) < rss_before + 32 * 1024, "memory grew"
+
+
+def settled(runtime_dir: Path) -> None:
+    """Return once the daemon has handled what was sent to it before, and scheduled after it:
+    two pings in turn, the second read in a later turn of its loop than whatever was ready
+    with the first (a doorbell rung before it), once that turn's scheduling pass is over."""
+    with DaemonClient.connect(runtime_dir, timeout=5) as client:
+        client.ping()
+        client.ping()
 
 
 def _ints(fds: list[int]) -> bytes:

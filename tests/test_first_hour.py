@@ -16,17 +16,21 @@ from conftest import (
     gpreempt,
     process_state,
     spawn,
+    status,
     stop_all,
     wait_for,
 )
 
 from gpreempt.cli import main
 from gpreempt.config import SOCKET_NAME
+from gpreempt.errors import GpreemptError
 
 
 def tasks(runtime_dir: Path) -> list[dict]:
-    result = gpreempt(runtime_dir, "status", "--json")
-    return json.loads(result.stdout)["tasks"] if result.returncode == 0 else []
+    try:
+        return status(runtime_dir)["tasks"]
+    except GpreemptError:  # no daemon answers
+        return []
 
 
 def events(runtime_dir: Path) -> list[dict]:

@@ -3,7 +3,6 @@ lately, and a request still stops it at once (CPU tensors, native gate)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -14,8 +13,8 @@ from conftest import (
     TORCH_COUNTER,
     Counter,
     Daemon,
-    gpreempt,
     spawn,
+    status,
     stop_all,
     wait_for,
 )
@@ -34,17 +33,17 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
     script = tmp_path / "torch_counter.py"
     script.write_text(TORCH_COUNTER)
     progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
+    release = tmp_path / "release"
     server_script = tmp_path / "server.py"
     server_script.write_text(HOLDING_SERVER)
     low = ("run", "-p", "low", "--name", "trainer", "--", sys.executable, str(script))
     trainer = spawn(runtime_dir, *low, str(progress))
     high = ("run", "-p", "high", "--name", "srv", "--", sys.executable, str(server_script))
-    server = spawn(runtime_dir, *high, str(runtime_dir), str(go), str(inside))
+    server = spawn(runtime_dir, *high, str(runtime_dir), str(go), str(inside), "30", str(release))
     counter = Counter(progress)
 
     def gate() -> dict:
-        reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-        task = next(t for t in reply["tasks"] if t["name"] == "trainer")
+        task = next(t for t in status(runtime_dir)["tasks"] if t["name"] == "trainer")
         return task.get("gate") or {}
 
     def launches() -> int:
@@ -66,8 +65,9 @@ def test_a_sleeping_gate_still_stops_for_a_request(runtime_dir: Path, tmp_path: 
         assert wait_for(lambda: not gate()["sleep_ok"], 5)
         time.sleep(0.2)
         assert counter.progress_over(0.5) == 0, "a sleeping gate let the trainer run on"
+        release.touch()
         assert wait_for(lambda: not inside.exists(), 10)
-        assert wait_for(lambda: counter.progress_over(0.2) > 0, 10)
+        assert counter.advances(10)
         assert wait_for(asleep, 20, interval=0.1), "the gate did not sleep again"
     finally:
         stop_all(trainer, server)

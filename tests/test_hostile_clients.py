@@ -10,10 +10,11 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, gpreempt, process_state, wait_for
+from conftest import Daemon, gpreempt, module_daemon, process_state, wait_for
 from hostile import NOBODY, as_user, ask, cpu_seconds, needs_root, raw, sleepers
 
 from gpreempt.client.connection import DaemonClient
@@ -249,10 +250,16 @@ def _pings(runtime_dir: Path) -> bool:
 
 
 # 12 ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def refusing_daemon() -> Iterator[Daemon]:
+    """One daemon for the out-of-range values: each is refused and leaves nothing behind."""
+    with module_daemon() as daemon:
+        yield daemon
+
+
 @pytest.mark.parametrize("value", ["Infinity", "NaN", "1e-300", "1e308", "-1", "true", '"5"'])
-def test_numeric_fields_out_of_range_get_a_reply(
-    daemon: Daemon, runtime_dir: Path, value: str
-) -> None:
+def test_numeric_fields_out_of_range_get_a_reply(refusing_daemon: Daemon, value: str) -> None:
+    runtime_dir = refusing_daemon.runtime_dir
     with sleepers(1) as (proc,), raw(runtime_dir) as sock:
         line = f'{{"op": "register", "pid": {proc.pid}, "timeslice_ms": {value}}}\n'
         reply = ask(sock, line.encode())

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gpreempt
+from conftest import gpreempt, wait_for
 from kfd_fake import FakeKfd
 
 from gpreempt.errors import MechanismFailed, MechanismUnavailable
@@ -65,9 +65,10 @@ class Counter:
         return int(self.path.read_text() or 0)
 
     def runs(self, seconds: float = 0.4) -> bool:
+        """Whether it counts on within ``seconds``: True as soon as it does, False once they
+        passed without a step."""
         before = self.value()
-        time.sleep(seconds)
-        return self.value() != before
+        return wait_for(lambda: self.value() != before, seconds, interval=0.005)
 
 
 # --- the ABI -------------------------------------------------------------------------------------

@@ -103,21 +103,48 @@ def test_gpreempt_run_refuses_a_bad_linger_before_starting_the_command(tmp_path)
 
 _SERVER = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import gpreempt
     from gpreempt.client import session
 
     current = session.current()
     word = lambda: current.control.stats().requests
+    log = os.path.join(os.environ["GPREEMPT_RUNTIME_DIR"], "events.jsonl")
+
+    def kinds():
+        # what the daemon logged of this task so far (a line being written is skipped)
+        seen = []
+        try:
+            lines = open(log).read().splitlines()
+        except OSError:
+            return seen
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("task") == "server":
+                seen.append(event["event"])
+        return seen
+
+    def quiet(seconds):
+        # at most ``seconds``: until the word has dropped and the daemon has seen the server
+        # go idle (as often as active), so that a next request is a new activation
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if word() == 0 and kinds().count("active") == kinds().count("idle"):
+                return
+            time.sleep(0.01)
+
     with gpreempt.request():
         pass
     right_after = word()
-    time.sleep(1.0)
+    quiet(1.0)
     later = word()
     for _ in range(5):  # back to back: one activity for the daemon
         with gpreempt.request():
             pass
-    time.sleep(1.0)
+    quiet(1.0)
     print(json.dumps({"right_after": right_after, "later": later, "last": word(),
                       "bridged": current.linger.bridged, "releases": current.linger.releases}))
     """

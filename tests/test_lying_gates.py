@@ -24,8 +24,8 @@ from conftest import (
     Counter,
     Daemon,
     gp_env,
-    gpreempt,
     process_state,
+    status,
     wait_for,
 )
 from hostile import NOBODY, become, needs_root
@@ -84,8 +84,7 @@ def _python(runtime_dir: Path, script: Path, *args: str) -> subprocess.Popen:
 
 
 def _task(runtime_dir: Path, name: str) -> dict:
-    reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-    return next((t for t in reply["tasks"] if t["name"] == name), {})
+    return next((t for t in status(runtime_dir)["tasks"] if t["name"] == name), {})
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -109,9 +108,10 @@ def test_a_claimed_gate_that_does_not_hold_is_stopped_with_signals(
     # below tasks of the same user); below another user's task, its word is always so
     daemon = Daemon(runtime_dir, "--no-watch-resume")
     progress, go, inside = tmp_path / "progress", tmp_path / "go", tmp_path / "inside"
+    release = tmp_path / "release"
     liar = _python(runtime_dir, _write(tmp_path, "liar.py", LIAR), str(progress))
     server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
-    server = _python(runtime_dir, server_script, str(go), str(inside), "4")
+    server = _python(runtime_dir, server_script, str(go), str(inside), "30", str(release))
     counter = Counter(progress)
     try:
         assert wait_for(lambda: counter.value() > 0 and _task(runtime_dir, "server"), 20)
@@ -128,8 +128,9 @@ def test_a_claimed_gate_that_does_not_hold_is_stopped_with_signals(
         errors = [json.loads(e) for e in events if '"error"' in e and '"liar"' in e]
         assert any("CPU" in e.get("reason", "") for e in errors), errors
         # the request ends: it runs again
+        release.touch()
         assert wait_for(lambda: not inside.exists(), 10)
-        assert wait_for(lambda: counter.progress_over(0.2) > 0, 5)
+        assert counter.advances(5)
         assert process_state(liar.pid) != "T"
         assert _task(runtime_dir, "liar")["backstop"] is None
     finally:
@@ -233,9 +234,10 @@ def test_a_claim_of_barriers_below_another_users_task_is_stopped_with_signals(
     shared = Path(tempfile.mkdtemp(prefix="gp-liar-"))
     os.chmod(shared, 0o777)
     progress, go, inside = shared / "progress", tmp_path / "go", tmp_path / "inside"
+    release = tmp_path / "release"
     liar = _liar_as(NOBODY, runtime_dir, progress)
     server_script = _write(tmp_path, "server.py", HOLDING_SERVER)
-    server = _python(runtime_dir, server_script, str(go), str(inside), "3")
+    server = _python(runtime_dir, server_script, str(go), str(inside), "30", str(release))
     counter = Counter(progress)
     try:
         assert wait_for(lambda: counter.value() > 0 and _task(runtime_dir, "server"), 20)
@@ -245,8 +247,9 @@ def test_a_claim_of_barriers_below_another_users_task_is_stopped_with_signals(
         assert wait_for(lambda: process_state(liar) == "T", 1.0), "the liar runs on"
         task = _task(runtime_dir, "liar")
         assert task["backstop"] == "signal" and task["gate"]["trusted"], task
+        release.touch()
         assert wait_for(lambda: not inside.exists(), 10)
-        assert wait_for(lambda: counter.progress_over(0.2) > 0, 5)
+        assert counter.advances(5)
     finally:
         os.kill(liar, signal.SIGKILL)
         os.waitpid(liar, 0)

@@ -8,14 +8,13 @@ alone would leave the other waiting inside its all-reduce.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HOLDING_SERVER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import HOLDING_SERVER, Counter, Daemon, spawn, status, stop_all, wait_for
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -67,8 +66,7 @@ TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "
 
 
 def _job_task(runtime_dir: Path) -> dict:
-    reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-    return next((t for t in reply["tasks"] if t["name"] == "job"), {})
+    return next((t for t in status(runtime_dir)["tasks"] if t["name"] == "job"), {})
 
 
 @pytest.mark.slow
@@ -81,8 +79,11 @@ def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
     server_script.write_text(HOLDING_SERVER)
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    go, inside = tmp_path / "go", tmp_path / "inside"
+    go, inside, release = tmp_path / "go", tmp_path / "inside", tmp_path / "release"
     ranks = [Counter(out / f"progress-{rank}") for rank in (0, 1)]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    reference: subprocess.Popen | None = None
 
     daemon = Daemon(runtime_dir)
     low = ("run", "-p", "low", "--name", "job", "-m", mechanism, "--gpu", "0", "--")
@@ -90,7 +91,7 @@ def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
                 str(stop), "1000000")  # fmt: skip
     high = ("run", "-p", "high", "--name", "srv", "--gpu", "1", "--")
     server = spawn(runtime_dir, *high, sys.executable, str(server_script), str(runtime_dir),
-                   str(go), str(inside))  # fmt: skip
+                   str(go), str(inside), "30", str(release))  # fmt: skip
     try:
         # registered on GPU 0, its rank 1 says it uses GPU 1: the job counts on both
         assert wait_for(lambda: _job_task(runtime_dir).get("gpus") == [0, 1], 60)
@@ -106,12 +107,28 @@ def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
         # stopped at the same step, or one step apart (one waits in its all-reduce for the other)
         assert abs(held[0] - held[1]) <= 1
 
+        release.touch()
         assert wait_for(lambda: not inside.exists(), 10)
         assert wait_for(lambda: all(r.progress_over(0.2) > 0 for r in ranks), 10), (
             "the ranks did not all go on after the request"
         )
         stop.touch()
+        # rank 0 saved its result before it closed its group: the same job undisturbed, for as
+        # many steps, starts while this one and the daemon end
+        assert wait_for((out / "closed-0").exists, 60), job.communicate()
+        result = torch.load(out / "result.pt")
+        reference = subprocess.Popen(
+            [sys.executable, *TORCHRUN, str(job_script), str(alone), "-", str(result["steps"])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert job.wait(60) == 0, job.communicate()
+    except BaseException:
+        if reference is not None:
+            reference.kill()
+            reference.wait()
+        raise
     finally:
         stop.touch()
         stop_all(server)
@@ -119,18 +136,9 @@ def test_a_request_on_one_ranks_gpu_stops_every_rank_together(
             stop_all(job)
         daemon.stop()
 
-    result = torch.load(out / "result.pt")
     assert result["steps"] > 40
-    # the same job undisturbed, for as many steps
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    done = subprocess.run(
-        [sys.executable, *TORCHRUN, str(job_script), str(alone), "-", str(result["steps"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _out, err = reference.communicate(timeout=120)
+    assert reference.returncode == 0, err[-3000:]
     undisturbed = torch.load(alone / "result.pt")
     assert undisturbed["steps"] == result["steps"]
     for name, tensor in undisturbed["weights"].items():

@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, gp_env, gpreempt, spawn, wait_for
+from conftest import Daemon, gp_env, gpreempt, spawn, status, wait_for
 
-from gpreempt.errors import UsageError
+from gpreempt.errors import GpreemptError, UsageError
 
 
 def one_line_error(result: subprocess.CompletedProcess, command: str) -> str:
@@ -213,8 +213,10 @@ def test_failed_suspension_is_the_state_unprotected(runtime_dir: Path) -> None:
         )  # fmt: skip
 
         def trainer() -> dict | None:
-            result = gpreempt(runtime_dir, "status", "--json")
-            tasks = json.loads(result.stdout)["tasks"] if result.returncode == 0 else []
+            try:
+                tasks = status(runtime_dir)["tasks"]
+            except GpreemptError:  # no daemon answers
+                tasks = []
             return next((t for t in tasks if t["name"] == "trainer"), None)
 
         assert wait_for(lambda: (trainer() or {}).get("state") == "unprotected", 15)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gp_env, gpreempt, process_state, spawn, stop_all, wait_for
+from conftest import gp_env, process_state, spawn, stop_all, tasks, wait_for
 
 from gpreempt.client.connection import DaemonClient
 from gpreempt.client.ranks import rank_gpu
@@ -137,14 +137,17 @@ def test_a_process_that_drives_several_gpus_counts_its_task_on_each(
         proc.wait(timeout=10)
 
 
+#: argv: the file that says go, the request's length in seconds, a file that ends it early.
 SERVER_ON_GPU_1 = """
 import pathlib, sys, time
 import gpreempt
-go = pathlib.Path(sys.argv[1])
+go, release = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[3])
 while not go.exists():
     time.sleep(0.01)
 with gpreempt.request():
-    time.sleep(float(sys.argv[2]))
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end and not release.exists():
+        time.sleep(0.01)
 time.sleep(600)
 """
 
@@ -158,10 +161,10 @@ def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: P
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gp_env(runtime_dir),
     )  # fmt: skip
     assert dp.stdin is not None and dp.stdout is not None
-    go = tmp_path / "go"
+    go, release = tmp_path / "go", tmp_path / "release"
     server = spawn(
         runtime_dir, "run", "--priority", "high", "--gpu", "1", "--name", "server", "--",
-        sys.executable, "-c", SERVER_ON_GPU_1, str(go), "5",
+        sys.executable, "-c", SERVER_ON_GPU_1, str(go), "30", str(release),
     )  # fmt: skip
 
     def server_active() -> bool:
@@ -171,7 +174,7 @@ def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: P
 
     try:
         assert dp.stdout.readline().strip() == "ready"
-        assert wait_for(lambda: "server" in gpreempt(runtime_dir, "status").stdout, 10)
+        assert wait_for(lambda: any(t["name"] == "server" for t in tasks(runtime_dir)), 10)
         go.touch()
         assert wait_for(server_active, 10), "the server's request did not open"
         time.sleep(0.5)  # the request is open, on another GPU: the low task runs on
@@ -180,6 +183,7 @@ def test_a_server_stops_a_process_that_drives_its_gpu_too(daemon, runtime_dir: P
         dp.stdin.flush()
         assert dp.stdout.readline().strip() == "rung"
         assert wait_for(lambda: process_state(dp.pid) == "T", 5), "not stopped for GPU 1"
+        release.touch()  # the request ends
         assert wait_for(lambda: process_state(dp.pid) not in ("T", ""), 15), "not resumed"
     finally:
         stop_all(server)

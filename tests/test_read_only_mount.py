@@ -5,7 +5,6 @@ there. The mount is made read-only in a private mount namespace (root and unshar
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, gp_env, gpreempt, wait_for
+from conftest import Daemon, gp_env, status, wait_for
 
 
 def _can_unshare() -> bool:
@@ -29,7 +28,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Under ``gpreempt run``: one request (which opens the channel: control block and doorbell
-#: over the socket), after checking that nothing can be created in the runtime directory.
+#: over the socket), after checking that nothing can be created in the runtime directory; it
+#: lasts until the file argv[1] exists (60 s at most).
 CLIENT = """
 import os, sys, time
 import gpreempt
@@ -38,8 +38,11 @@ try:
     sys.exit("the runtime directory is writable")
 except OSError:
     pass
+def until(path, end=time.monotonic() + 60):
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
 with gpreempt.request():
-    time.sleep(float(sys.argv[1]))
+    until(sys.argv[1])
 """
 
 
@@ -58,8 +61,7 @@ def _run_read_only(runtime_dir: Path, *run_args: str) -> subprocess.Popen:
 
 
 def _task(runtime_dir: Path, name: str) -> dict:
-    reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-    return next((t for t in reply["tasks"] if t["name"] == name), {})
+    return next((t for t in status(runtime_dir)["tasks"] if t["name"] == name), {})
 
 
 def test_a_client_needs_only_to_connect_to_the_socket(runtime_dir: Path, tmp_path: Path) -> None:
@@ -67,12 +69,14 @@ def test_a_client_needs_only_to_connect_to_the_socket(runtime_dir: Path, tmp_pat
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
     before = sorted(os.listdir(runtime_dir))
+    done = tmp_path / "done"
     run = _run_read_only(
-        runtime_dir, "-p", "low", "--name", "ro", "--", sys.executable, str(script), "2"
+        runtime_dir, "-p", "low", "--name", "ro", "--", sys.executable, str(script), str(done)
     )
     try:
         assert wait_for(lambda: _task(runtime_dir, "ro").get("active"), 15), run.stderr
         assert _task(runtime_dir, "ro")["processes"] == 1  # its channel, through the mount
+        done.touch()  # the request ends, and the client with it
         _out, err = run.communicate(timeout=20)
         assert run.returncode == 0, err
         assert "Traceback" not in err
@@ -88,8 +92,9 @@ def test_run_waits_for_a_node_daemon_that_is_not_up_yet(runtime_dir: Path, tmp_p
     # preemption and is registered once the node's daemon answers
     script = tmp_path / "client.py"
     script.write_text(CLIENT.replace("with gpreempt.request():\n    ", ""))
+    done = tmp_path / "done"
     run = _run_read_only(
-        runtime_dir, "-p", "low", "--name", "early", "--", sys.executable, str(script), "6"
+        runtime_dir, "-p", "low", "--name", "early", "--", sys.executable, str(script), str(done)
     )
     daemon = None
     try:
@@ -98,6 +103,7 @@ def test_run_waits_for_a_node_daemon_that_is_not_up_yet(runtime_dir: Path, tmp_p
         assert not (runtime_dir / "gpreempt.sock").exists()
         daemon = Daemon(runtime_dir)
         assert wait_for(lambda: _task(runtime_dir, "early"), 10)
+        done.touch()
         _out, err = run.communicate(timeout=20)
         assert run.returncode == 0, err
         assert "read-only" in err and "without preemption" in err, err

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, status, stop_all, wait_for
 from conftest import task_view as view
 
 from gpreempt.policy import Decision, Snapshot, decide_hpf
@@ -194,21 +195,23 @@ def test_the_daemon_lets_gated_peers_launch_one_at_a_time(runtime_dir, tmp_path)
             procs.append(spawn(runtime_dir, *argv, sys.executable, str(script), str(progress)))
 
         def peers() -> list[dict]:
-            reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-            return [t for t in reply["tasks"] if t["name"].startswith("peer-")]
+            return [t for t in status(runtime_dir)["tasks"] if t["name"].startswith("peer-")]
 
         def all_gated() -> bool:
             tasks = peers()
             return len(tasks) == 3 and all((t["gate"] or {}).get("installed") for t in tasks)
 
         assert wait_for(all_gated, 120), peers()
+        # sampled every 20 ms for 2 s: 40 turns of 50 ms, and at least 25 samples
         running, seen = [], []
-        for _ in range(25):
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end or len(running) < 25:
             tasks = peers()
             running.append(sum(t["state"] == "running" and t["active"] for t in tasks))
             seen.append([(t["name"], t["state"], t["active"]) for t in tasks])
             # the srv task is not active: whoever is suspended only waits for its turn
             assert all(t["waiting_turn"] == (t["state"] == "suspended") for t in tasks), tasks
+            time.sleep(0.02)
         assert max(running) == 1, (running, seen)
         # the srv task never became active: nobody was preempted, every stop was a turn
         assert all(t["preemptions"] == 0 for t in peers())

@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from conftest import TORCH_COUNTER, Counter, Daemon, gpreempt, spawn, stop_all, wait_for
+from conftest import TORCH_COUNTER, Counter, Daemon, spawn, status, stop_all, wait_for
 
 from gpreempt.control import CLOSED, closed_while_watched, released_by_watch
 from gpreempt.control_block import ControlBlock
@@ -292,8 +292,7 @@ def test_a_trainer_goes_on_when_the_request_ends_even_while_the_daemon_is_stoppe
     ]  # fmt: skip
 
     def trainer() -> dict:
-        reply = json.loads(gpreempt(runtime_dir, "status", "--json").stdout)
-        return next((t for t in reply["tasks"] if t["name"] == "trainer"), {})
+        return next((t for t in status(runtime_dir)["tasks"] if t["name"] == "trainer"), {})
 
     try:
         assert wait_for(lambda: (trainer().get("gate") or {}).get("installed"), 120), trainer()
