@@ -9,7 +9,10 @@
 # between them, default "20 0": an eager server, and one that keeps its GPU busy; requests of
 # each of PARKED_SIZES, default 400x160: 400 requests of 160 kernels; beside each of
 # PARKED_MODES, default all of parked_channel.cu's), transitions
-# (transitions.sh: what each suspension costs an eager trainer, per variant of its gate), light
+# (transitions.sh: what each suspension costs an eager trainer, per variant of its gate),
+# request-cost (periodic_server.py alone under gpreempt run --priority high, 3 interleaved
+# rounds of 6 s: its requests unmarked, marked with request(), and marked with no linger,
+# GPREEMPT_REQUEST_LINGER_MS=0; a line each in request_cost.txt), light
 # (the eager Transformer that reads its loss every step), operator-only (light with the
 # trainer's operator gate alone, no driver-level gate: what the driver-level gate costs a
 # PyTorch trainer), cupy, cupy-torch, jax,
@@ -111,6 +114,22 @@ for group in "$@"; do
         done
       done ;;
     transitions) timeout 570 bash benchmarks/driver_gate/transitions.sh ;;
+    request-cost) rd=$(mktemp -d /tmp/gpt-XXXX)  # what marking requests costs a server alone
+      python3 -m gpreempt serve --runtime-dir "$rd" > "$work/request-cost-daemon.log" 2>&1 &
+      dpid=$!; sleep 3
+      for round in 1 2 3; do
+        for v in noreq req linger0; do
+          extra=""; vars=""
+          [ $v = noreq ] && extra=--no-request
+          [ $v = linger0 ] && vars=GPREEMPT_REQUEST_LINGER_MS=0
+          env $vars timeout 60 python3 -m gpreempt run --runtime-dir "$rd" --priority high \
+            --name a -- python3 benchmarks/driver_gate/periodic_server.py --seconds 6 \
+            --out "$work/request-cost.json" $extra > "$work/request-cost.log" 2>&1 ||
+            tail -3 "$work/request-cost.log"
+          echo "$round $v $(cat "$work/request-cost.json")" | tee -a "$OUT/request_cost.txt"
+        done
+      done
+      kill $dpid ;;
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \
