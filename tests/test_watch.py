@@ -371,13 +371,46 @@ def test_the_session_hands_the_gate_each_list_with_its_version(monkeypatch, barr
         high.set_requests(0)
         bad = os.open("/dev/null", os.O_RDONLY)  # cannot be mapped as a control block
         current._set_watched([high.read_only_fd(), bad], 4)
-        assert gate.calls[-1][1] == 0  # not the list the daemon versioned
+        assert gate.calls[-1] == ([view.address], 0)  # not the list the daemon versioned
         assert current.must_wait()  # so the closed gate waits for the daemon
-        current._set_watched([], 5)  # retires the first list's view
+        current._set_watched([], 5)  # retires the view the first two lists read
+        current._set_watched([], 6)  # a moment later: unmapped, unless barriers may read it
         assert (view.address != 0) == (barrier_ms > 0)
     finally:
         own.close()
         high.close()
+
+
+def test_a_block_watched_again_is_read_where_it_is_mapped(monkeypatch) -> None:
+    """Each change of the watch list sends every watched block again: a block already
+    mapped, watched until now or retired (a gate with barriers keeps those mapped for good),
+    is read at its mapping, so the blocks a long-lived trainer maps stay one per task it
+    ever watched, however often the list changes."""
+    from gpreempt.client import session as session_mod
+
+    own, first, second = ControlBlock.create(), ControlBlock.create(), ControlBlock.create()
+    reply = {"task_id": 2, "name": "trainer", "priority": -100, "mechanism": "gate"}
+    current = session_mod.Session(_Client(), own, reply)  # type: ignore[arg-type]
+    gate = _RecordingGate(0.05)  # barriers: nothing it read is unmapped
+    try:
+        current.use_gate(gate)
+        current._set_watched([first.read_only_fd()], 1)
+        (view,) = current._watched
+        for version in range(2, 12):  # a second server comes and goes, ten times
+            fds = [first.read_only_fd()] + ([second.read_only_fd()] if version % 2 else [])
+            current._set_watched(fds, version)
+            assert current._watched[0] is view and gate.calls[-1][0][0] == view.address
+        current._set_watched([], 12)
+        current._set_watched([second.read_only_fd(), first.read_only_fd()], 13)
+        assert current._watched[1] is view  # back from the retired views
+        assert len({v.address for v in current._watched}) == 2
+        assert len(current._retired) == 0  # both watched again: none retired
+        first.set_requests(1)
+        assert current.watched_active()
+    finally:
+        own.close()
+        first.close()
+        second.close()
 
 
 class _Scripted(_Silent):

@@ -31,7 +31,7 @@ from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
 from .ranks import rank_gpu
-from .stranded import WatchedBlock, free_stranded
+from .stranded import WatchedBlock, block_key, free_stranded
 
 if TYPE_CHECKING:
     from .gate import Gate
@@ -85,7 +85,9 @@ class Session:
         self._blocks: list[WatchedBlock] = []
         #: The daemon's version of that list; 0 = none, or not all of it mapped.
         self._watch_version = 0
-        self._retired: list[tuple[float, ActivityView]] = []
+        #: Views no longer watched, not yet unmapped: since when, the view, its block's key
+        #: (a list that names the block again reads it there).
+        self._retired: list[tuple[float, ActivityView, tuple[int, int]]] = []
         self._watcher = threading.Thread(target=self._watch, name="gpreempt-session", daemon=True)
         self._watcher.start()
 
@@ -194,10 +196,18 @@ class Session:
         daemon's list ``version``; ``pids``: their owners, in the same order. ``stranded``: the
         daemon is gone, and barriers may still wait on the blocks watched until now: a thread
         clears those whose owner exits with its words raised (:mod:`.stranded`)."""
-        blocks = []
+        blocks: list[WatchedBlock] = []
+        with self._watch_lock:
+            kept = {block.key: block for block in self._blocks}
+            retired = {key: view for _, view, key in self._retired}
         for i, fd in enumerate(fds):
             try:
-                block = WatchedBlock.map(fd, pids[i] if i < len(pids) else None)
+                key = block_key(fd)
+                if key in kept:  # watched already: read where it is, no new mapping
+                    blocks.append(kept.pop(key))
+                    os.close(fd)
+                    continue
+                block = WatchedBlock.map(fd, pids[i] if i < len(pids) else None, retired.get(key))
             except OSError:
                 version = 0  # not the list the daemon versioned: its own closing still applies
                 os.close(fd)
@@ -215,16 +225,19 @@ class Session:
                 from .gate import driver
 
                 driver.set_watch(addresses, version)
-            old, self._blocks = self._blocks, blocks
-            self._retired += [(now, block.view) for block in old]
+            watched = {id(block) for block in blocks}
+            old = [block for block in self._blocks if id(block) not in watched]
+            self._blocks = blocks
+            views = {id(block.view) for block in blocks}
+            keep = [entry for entry in self._retired if id(entry[1]) not in views]  # watched again
+            keep += [(now, block.view, block.key) for block in old]
             self._watch_version = version
-            keep = []
-            for since, view in self._retired:
+            self._retired = []
+            for since, view, key in keep:
                 if now - since > UNMAP_AFTER_S and not barriers:
                     view.close()
                 else:
-                    keep.append((since, view))
-            self._retired = keep
+                    self._retired.append((since, view, key))
         if stranded and old and barriers:
             threading.Thread(
                 target=free_stranded, args=(old,), name="gpreempt-stranded", daemon=True

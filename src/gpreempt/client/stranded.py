@@ -38,17 +38,21 @@ class WatchedBlock:
     fd: int
     pidfd: int | None  # None: the daemon did not say whose it is, or the owner had gone
     pid: int | None = None  # the owner, as the daemon named it
+    key: tuple[int, int] = (0, 0)  # the block's file (device, inode): one block, one key
 
     @classmethod
-    def map(cls, fd: int, pid: object) -> WatchedBlock:
+    def map(cls, fd: int, pid: object, view: ActivityView | None = None) -> WatchedBlock:
         """Watch the block behind ``fd``, a read-only descriptor the daemon sent, of a task
-        whose process is ``pid``. Raises OSError, leaving ``fd`` to the caller, if the block
-        cannot be mapped, or if this process could not clear its words should the owner exit
-        while the daemon is gone (PermissionError: another user's block): barriers must never
-        wait on words that nobody left could clear."""
+        whose process is ``pid``; ``view``: this block's mapping, already made for an earlier
+        list (:func:`block_key` says it is the same block), read where it is instead of
+        mapped again. Raises OSError, leaving ``fd`` to the caller, if the block cannot be
+        mapped, or if this process could not clear its words should the owner exit while the
+        daemon is gone (PermissionError: another user's block): barriers must never wait on
+        words that nobody left could clear."""
+        key = block_key(fd)
         os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC))
-        view = ActivityView(fd)
-        return cls(view, fd, open_owner(pid), pid if _usable_pid(pid) else None)
+        view = view if view is not None else ActivityView(fd)
+        return cls(view, fd, open_owner(pid), pid if _usable_pid(pid) else None, key)
 
     def clear_activity(self) -> None:
         """Mark the watched task idle in its own block (it has exited)."""
@@ -66,6 +70,14 @@ class WatchedBlock:
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def block_key(fd: int) -> tuple[int, int]:
+    """Which block ``fd`` is: its file's device and inode. Two descriptors of one block have
+    one key, and no other block can take it while a mapping of this one lives (the mapping
+    keeps the file)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _usable_pid(pid: object) -> TypeGuard[int]:
