@@ -3,7 +3,8 @@
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
-# Groups: cost (launch_cost.py), hold (hold_latency.py), marks (barrier_cost.cu: what the parts of a
+# Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
+# request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts), marks (barrier_cost.cu: what the parts of a
 # mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
 # fed or not, slows another process's small kernels, launched with each of PARKED_GAPS us of CPU
 # between them, default "20 0": an eager server, and one that keeps its GPU busy; requests of
@@ -131,6 +132,8 @@ for group in "$@"; do
       done
       kill $dpid ;;
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
+    residual) timeout 400 python3 benchmarks/driver_gate/kernel_residual.py \
+        --out "$OUT/kernel_residual.json" ;;
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \
         --env-b GPREEMPT_DRIVER_GATE=0 ;;
