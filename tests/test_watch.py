@@ -394,9 +394,12 @@ def test_a_block_watched_again_is_read_where_it_is_mapped(monkeypatch) -> None:
     gate = _RecordingGate(0.05)  # barriers: nothing it read is unmapped
     try:
         current.use_gate(gate)
-        current._set_watched([first.read_only_fd()], 1)
+        current._set_watched([first.read_only_fd()], 1)  # its owner not named
         (view,) = current._watched
-        for version in range(2, 12):  # a second server comes and goes, ten times
+        assert current._blocks[0].pidfd is None
+        current._set_watched([first.read_only_fd()], 2, [os.getpid()])  # named now
+        assert current._blocks[0].pid == os.getpid() and current._blocks[0].pidfd is not None
+        for version in range(3, 12):  # a second server comes and goes, ten times
             fds = [first.read_only_fd()] + ([second.read_only_fd()] if version % 2 else [])
             current._set_watched(fds, version)
             assert current._watched[0] is view and gate.calls[-1][0][0] == view.address

@@ -202,12 +202,12 @@ class Session:
             retired = {key: view for _, view, key in self._retired}
         for i, fd in enumerate(fds):
             try:
-                key = block_key(fd)
+                key, pid = block_key(fd), pids[i] if i < len(pids) else None
                 if key in kept:  # watched already: read where it is, no new mapping
-                    blocks.append(kept.pop(key))
+                    blocks.append(kept.pop(key).named(pid))
                     os.close(fd)
                     continue
-                block = WatchedBlock.map(fd, pids[i] if i < len(pids) else None, retired.get(key))
+                block = WatchedBlock.map(fd, pid, retired.get(key))
             except OSError:
                 version = 0  # not the list the daemon versioned: its own closing still applies
                 os.close(fd)

@@ -54,6 +54,12 @@ class WatchedBlock:
         view = view if view is not None else ActivityView(fd)
         return cls(view, fd, open_owner(pid), pid if _usable_pid(pid) else None, key)
 
+    def named(self, pid: object) -> WatchedBlock:
+        """This block, its owner now known if it was not (a later list named it)."""
+        if self.pidfd is None and _usable_pid(pid):
+            self.pidfd, self.pid = open_owner(pid), pid
+        return self
+
     def clear_activity(self) -> None:
         """Mark the watched task idle in its own block (it has exited)."""
         writable = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
