@@ -4,10 +4,11 @@
 # else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
-# request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts), marks (barrier_cost.cu: what the parts of a
-# mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream parked at a barrier,
-# fed or not, slows another process's small kernels, launched with each of PARKED_GAPS us of CPU
-# between them, default "20 0": an eager server, and one that keeps its GPU busy; requests of
+# request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts), marks
+# (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU), parked
+# (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
+# process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
+# "20 0": an eager server, and one that keeps its GPU busy; requests of
 # each of PARKED_SIZES, default 400x160: 400 requests of 160 kernels; beside each of
 # PARKED_MODES, default all of parked_channel.cu's), transitions
 # (transitions.sh: what each suspension costs an eager trainer, per variant of its gate),
@@ -123,6 +124,7 @@ for group in "$@"; do
           extra=""; vars=""
           [ $v = noreq ] && extra=--no-request
           [ $v = linger0 ] && vars=GPREEMPT_REQUEST_LINGER_MS=0
+          rm -f "$work/request-cost.json"
           env $vars timeout 60 python3 -m gpreempt run --runtime-dir "$rd" --priority high \
             --name a -- python3 benchmarks/driver_gate/periodic_server.py --seconds 6 \
             --out "$work/request-cost.json" $extra > "$work/request-cost.log" 2>&1 ||
@@ -130,7 +132,7 @@ for group in "$@"; do
           echo "$round $v $(cat "$work/request-cost.json")" | tee -a "$OUT/request_cost.txt"
         done
       done
-      kill $dpid ;;
+      kill $dpid; wait $dpid 2>/dev/null; rm -rf "$rd" ;;
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     residual) timeout 400 python3 benchmarks/driver_gate/kernel_residual.py \
         --out "$OUT/kernel_residual.json" ;;
