@@ -44,6 +44,7 @@ import argparse
 import bisect
 import gzip
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -412,7 +413,7 @@ def _print(r: dict[str, Any]) -> None:
     trainer = (
         f"; the trainer's longest step over one {slow['longest_step_ms']:.0f} ms (its median "
         f"{r['step_ms']:.0f})"
-        if r["step_ms"] == r["step_ms"]  # not NaN: a trainer ran
+        if not math.isnan(r["step_ms"])  # a trainer ran
         else ""
     )
     print(
