@@ -157,14 +157,18 @@ def test_the_gpus_clocks_while_the_slow_requests_ran(tmp_path: Path, capsys):
 
 def test_a_slow_requests_gpu_span_tells_a_shared_gpu_from_a_late_start(tmp_path: Path, capsys):
     """The fifth request took 3 ms of which its GPU span 2.9 (the GPU shared while it ran); the
-    others 1 ms with a span of 0.9."""
+    others 1 ms with a span of 0.9, but the eighth, due before the seventh ended (it queued),
+    0.7."""
     server = _slow_run(tmp_path / "run")
-    server["gpu_ms"] = [2.9 if i == 4 else 0.9 for i in range(10)]
+    server["gpu_ms"] = [2.9 if i == 4 else 0.7 if i == 7 else 0.9 for i in range(10)]
+    server["scheduled"] = [*server["start"][:7], server["start"][6] + 0.0005, *server["start"][8:]]
     (tmp_path / "run" / "case-a.json").write_text(json.dumps(server))
     spans = _load().summary(tmp_path / "run")["gpu_ms"]
     assert spans["slow"]["n"] == 1 and spans["slow"]["gpu_p50"] == pytest.approx(2.9)
     assert spans["slow"]["outside_p50"] == pytest.approx(0.1)
-    assert spans["other"]["n"] == 9 and spans["other"]["gpu_p50"] == pytest.approx(0.9)
+    assert spans["found idle"]["n"] == 8 and spans["found idle"]["gpu_p50"] == pytest.approx(0.9)
+    assert spans["queued"]["n"] == 1 and spans["queued"]["gpu_p50"] == pytest.approx(0.7)
+    assert spans["queued"]["outside_p50"] == pytest.approx(0.3)
     assert _load().main([str(tmp_path / "run")]) == 0
     assert "GPU span of the slow requests (n=1): median 2.90 ms" in capsys.readouterr().out
 

@@ -18,8 +18,9 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
   (median and longest): a long one beside a slow request points at the machine's CPU side
   (the daemon uses no GPU), not at a GPU shared with held work;
 * where the server kept each request's GPU span (``gpu_ms``: the graph server does), that of
-  the slow requests against the others, and the rest of their service: a slow request whose
-  span stretched shared the GPU while it ran; one whose span did not waited to start;
+  the slow requests, of the others that found the server idle and of those that queued, and
+  the rest of their service: a request whose span stretched shared the GPU while it ran; one
+  whose span did not waited to start;
 * how long each of the daemon's suspend calls took (its own CPU time, no GPU) during the slow
   requests, against the others: a call that took longer beside a slow request says the
   machine's CPUs were slow to run the daemon then, not only the GPU slow to serve the server;
@@ -113,16 +114,23 @@ def slow_stretches(
 
 
 def gpu_spans(server: dict[str, Any], slow: list[int]) -> dict[str, Any]:
-    """For the slow requests and the others: how many, the median of their GPU spans
-    (``gpu_ms``) and of the rest of their service, the time outside the span (ms)."""
+    """For the slow requests, the others that found the server idle and the others that
+    queued: how many, the median of their GPU spans (``gpu_ms``) and of the rest of their
+    service, the time outside the span (ms). A request that found the server idle meets a
+    trainer's work in flight: outside its span if it waited for that work to leave the GPU,
+    inside if the work shared the GPU with it (or left it colder)."""
     service, spans = scenario_metrics.a_service_ms(server), server["gpu_ms"]
+    idle = scenario_metrics.found_idle(server)
+    rows = _split(min(len(service), len(spans), len(idle)), slow)
+    rows["found idle"] = [i for i in rows["other"] if idle[i]]
+    rows["queued"] = [i for i in rows.pop("other") if not idle[i]]
     return {
         kind: {
-            "n": len(rows),
-            "gpu_p50": _q([spans[i] for i in rows], 0.5),
-            "outside_p50": _q([service[i] - spans[i] for i in rows], 0.5),
+            "n": len(chosen),
+            "gpu_p50": _q([spans[i] for i in chosen], 0.5),
+            "outside_p50": _q([service[i] - spans[i] for i in chosen], 0.5),
         }
-        for kind, rows in _split(min(len(service), len(spans)), slow).items()
+        for kind, chosen in rows.items()
     }
 
 
