@@ -1,0 +1,120 @@
+"""What a server's request pays for starting right after other GPU work, with nothing left to
+wait for: the graph server's request (ResNet-50 fp16 b8 from a CUDA graph, its GPU span timed
+by events before its input's copy and after its output's) after each of:
+
+* ``idle``: 1 ms of nothing (as alone: its weights stay in the GPU's L2 between requests);
+* ``own-flush``: its own process wrote 256 MiB just before (the L2 holds other data; no other
+  context ran);
+* ``other-spin``: another process's CUDA context ran 0.5 ms of a kernel that touches no memory
+  just before (the GPU switched contexts; the L2 keeps the server's data);
+* ``other-flush``: another process wrote 256 MiB just before (both, as after a trainer).
+
+Every prior work completed before the request starts (nothing in flight, no barrier to reach),
+so the differences to ``idle`` are what no gate can save by holding work sooner. The modes
+take turns, request by request; the medians of the GPU span and of the whole service (ms) are
+printed and written to ``--out``.
+
+    PYTHONPATH=src python3 benchmarks/driver_gate/cold_start.py --out cold_start.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+MODES = ("idle", "own-flush", "other-spin", "other-flush")
+FLUSH_BYTES = 256 << 20
+SPIN_CYCLES = 1_000_000  # about 0.5 ms at the H100's and H200's 1.98 GHz
+
+
+def other_context(pipe) -> None:  # a process of its own: its own CUDA context
+    """Runs what the server asks for ("spin" or "flush"), waits for it, answers; "quit" ends."""
+    import torch
+
+    buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    pipe.send("ready")
+    while (order := pipe.recv()) != "quit":
+        if order == "spin":
+            torch.cuda._sleep(SPIN_CYCLES)
+        else:
+            buf.fill_(1)
+        torch.cuda.synchronize()
+        pipe.send("done")
+
+
+def summarise(rows: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """Per mode, from (GPU span, service) pairs in ms: their count, medians, and the medians'
+    difference to ``idle``'s."""
+    out: dict[str, dict[str, float]] = {}
+    for mode, pairs in rows.items():
+        span = statistics.median(p[0] for p in pairs)
+        service = statistics.median(p[1] for p in pairs)
+        out[mode] = {"n": len(pairs), "span_p50": span, "service_p50": service}
+    base = out.get("idle")
+    for figures in out.values() if base else ():
+        figures["span_over_idle"] = figures["span_p50"] - base["span_p50"]
+        figures["service_over_idle"] = figures["service_p50"] - base["service_p50"]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=300, help="requests per mode")
+    parser.add_argument("--out", type=Path, help="write the medians here as JSON")
+    args = parser.parse_args(argv)
+    import torch
+
+    from gpreempt.bench.builtin_workloads import resnet50_server
+
+    if not torch.cuda.is_available():
+        print("cold_start: no CUDA GPU here", file=sys.stderr)
+        return 2
+    request = resnet50_server()
+    spans = request.gpu_ms  # type: ignore[attr-defined]
+    own = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    mine, theirs = mp.get_context("spawn").Pipe()
+    child = mp.get_context("spawn").Process(target=other_context, args=(theirs,), daemon=True)
+    child.start()
+    try:
+        if mine.recv() != "ready":
+            raise SystemExit("cold_start: the other process did not start")
+        for _ in range(50):  # warm up
+            request()
+        rows: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+        for _ in range(args.rounds):
+            for mode in MODES:
+                if mode == "idle":
+                    time.sleep(1e-3)
+                elif mode == "own-flush":
+                    own.fill_(2)
+                    torch.cuda.synchronize()
+                else:
+                    mine.send(mode.removeprefix("other-"))
+                    mine.recv()
+                start = time.perf_counter()
+                request()
+                rows[mode].append((spans[-1], (time.perf_counter() - start) * 1e3))
+        mine.send("quit")
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    result = summarise(rows)
+    for mode, f in result.items():
+        print(f"{mode:12s} n={f['n']:4d} GPU span {f['span_p50']:.3f} ms "
+              f"(+{f['span_over_idle']:.3f}), service {f['service_p50']:.3f} ms "
+              f"(+{f['service_over_idle']:.3f})")  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
