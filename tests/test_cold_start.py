@@ -1,0 +1,32 @@
+"""benchmarks/driver_gate/cold_start.py: the medians per mode and their distance to ``idle``
+(the requests themselves need a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_script
+
+
+def test_each_mode_is_read_against_the_idle_requests() -> None:
+    rows = {
+        "idle": [(1.2, 1.3), (1.19, 1.28), (1.25, 1.9)],
+        "other-spin": [(1.33, 1.41), (1.35, 1.44), (1.32, 1.40)],
+    }
+    out = load_script("benchmarks/driver_gate/cold_start.py").summarise(rows)
+    assert out["idle"] == {"n": 3, "span_p50": 1.2, "service_p50": 1.3, "span_over_idle": 0.0,
+                           "service_over_idle": 0.0}  # fmt: skip
+    assert out["other-spin"]["span_over_idle"] == pytest.approx(0.13)
+    assert out["other-spin"]["service_over_idle"] == pytest.approx(0.11)
+
+
+def test_without_idle_requests_no_distance_is_made_up() -> None:
+    out = load_script("benchmarks/driver_gate/cold_start.py").summarise({"own-flush": [(1.0, 1.1)]})
+    assert "span_over_idle" not in out["own-flush"]
+
+
+def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert load_script("benchmarks/driver_gate/cold_start.py").main(["--rounds", "1"]) == 2
+    assert capsys.readouterr().err == "cold_start: no CUDA GPU here\n"
