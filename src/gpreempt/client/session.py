@@ -207,7 +207,7 @@ class Session:
                     blocks.append(kept.pop(key).named(pid))
                     os.close(fd)
                     continue
-                block = WatchedBlock.map(fd, pid, retired.get(key))
+                block = WatchedBlock.map(fd, pid, retired.get(key), key)
             except OSError:
                 version = 0  # not the list the daemon versioned: its own closing still applies
                 os.close(fd)

@@ -41,15 +41,22 @@ class WatchedBlock:
     key: tuple[int, int] = (0, 0)  # the block's file (device, inode): one block, one key
 
     @classmethod
-    def map(cls, fd: int, pid: object, view: ActivityView | None = None) -> WatchedBlock:
+    def map(
+        cls,
+        fd: int,
+        pid: object,
+        view: ActivityView | None = None,
+        key: tuple[int, int] | None = None,
+    ) -> WatchedBlock:
         """Watch the block behind ``fd``, a read-only descriptor the daemon sent, of a task
         whose process is ``pid``; ``view``: this block's mapping, already made for an earlier
         list (:func:`block_key` says it is the same block), read where it is instead of
-        mapped again. Raises OSError, leaving ``fd`` to the caller, if the block cannot be
-        mapped, or if this process could not clear its words should the owner exit while the
-        daemon is gone (PermissionError: another user's block): barriers must never wait on
-        words that nobody left could clear."""
-        key = block_key(fd)
+        mapped again; ``key``: its :func:`block_key`, where the caller has it. Raises
+        OSError, leaving ``fd`` to the caller, if the block cannot be mapped, or if this
+        process could not clear its words should the owner exit while the daemon is gone
+        (PermissionError: another user's block): barriers must never wait on words that
+        nobody left could clear."""
+        key = key if key is not None else block_key(fd)
         os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC))
         view = view if view is not None else ActivityView(fd)
         return cls(view, fd, open_owner(pid), pid if _usable_pid(pid) else None, key)
