@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from conftest import load_script
 
@@ -30,3 +32,10 @@ def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
         pytest.skip("a GPU is here")
     assert load_script("benchmarks/driver_gate/cold_start.py").main(["--rounds", "1"]) == 2
     assert capsys.readouterr().err == "cold_start: no CUDA GPU here\n"
+
+
+def test_without_mps_tools_it_says_to_run_without_mps(capsys) -> None:
+    if shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("the MPS tools are here")
+    assert load_script("benchmarks/driver_gate/cold_start.py").main(["--mps"]) == 2
+    assert capsys.readouterr().err.endswith("run it without --mps\n")

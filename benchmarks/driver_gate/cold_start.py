@@ -12,18 +12,22 @@ by events before its input's copy and after its output's) after each of:
 Every prior work completed before the request starts (nothing in flight, no barrier to reach),
 so the differences to ``idle`` are what no gate can save by holding work sooner. The modes
 take turns, request by request; the medians of the GPU span and of the whole service (ms) are
-printed and written to ``--out``.
+printed and written to ``--out``. With ``--mps`` both processes are clients of a private MPS
+daemon (started and stopped here), which runs them in one GPU context: no switch between them.
 
-    PYTHONPATH=src python3 benchmarks/driver_gate/cold_start.py --out cold_start.json
+    PYTHONPATH=src python3 benchmarks/driver_gate/cold_start.py [--mps] --out cold_start.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,7 +72,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=300, help="requests per mode")
     parser.add_argument("--out", type=Path, help="write the medians here as JSON")
+    parser.add_argument("--mps", action="store_true", help="both processes MPS clients")
     args = parser.parse_args(argv)
+    from gpreempt.bench.mps import MpsDaemon, MpsUnavailable
+
+    with contextlib.ExitStack() as stack:
+        if args.mps:
+            where = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            try:
+                os.environ.update(stack.enter_context(MpsDaemon(where)).env())
+            except MpsUnavailable:
+                print("cold_start: MPS could not start here (nvidia-cuda-mps-control missing "
+                      "or refused): run it without --mps", file=sys.stderr)  # fmt: skip
+                return 2
+        return measure(args.rounds, args.out, args.mps)
+
+
+def measure(rounds: int, out: Path | None, mps: bool) -> int:
+    """Times the modes (this process's CUDA starts here, after any MPS daemon)."""
     import torch
 
     from gpreempt.bench.builtin_workloads import resnet50_server
@@ -88,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _ in range(50):  # warm up
             request()
         rows: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for mode in MODES:
                 if mode == "idle":
                     time.sleep(1e-3)
@@ -111,8 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{mode:12s} n={f['n']:4d} GPU span {f['span_p50']:.3f} ms "
               f"(+{f['span_over_idle']:.3f}), service {f['service_p50']:.3f} ms "
               f"(+{f['service_over_idle']:.3f})")  # fmt: skip
-    if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **result}))
+    if out:
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "mps": mps, **result}))
     return 0
 
 

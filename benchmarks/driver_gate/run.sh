@@ -6,7 +6,7 @@
 # Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
 # request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts),
 # cold-start (cold_start.py: what the graph server's request pays for starting right after
-# another process's work, with nothing left in flight, twice), marks
+# another process's work, with nothing left in flight; twice, each time then under MPS), marks
 # (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU), parked
 # (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
 # process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
@@ -138,8 +138,9 @@ for group in "$@"; do
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     residual) timeout 400 python3 benchmarks/driver_gate/kernel_residual.py \
         --out "$OUT/kernel_residual.json" ;;
-    cold-start) for n in 1 2; do timeout 200 python3 benchmarks/driver_gate/cold_start.py \
-        --rounds 400 --out "$OUT/cold_start-$n.json"; done ;;
+    cold-start) for n in 1 2; do for mps in "" --mps; do
+        timeout 100 python3 benchmarks/driver_gate/cold_start.py $mps --rounds 300 \
+          --out "$OUT/cold_start$mps-$n.json"; done; done ;;
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \
         --env-b GPREEMPT_DRIVER_GATE=0 ;;
