@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
-from conftest import load_script
+from conftest import ROOT, load_script
 
 
 def test_each_mode_is_read_against_the_idle_requests() -> None:
@@ -39,3 +42,23 @@ def test_without_mps_tools_it_says_to_run_without_mps(capsys) -> None:
         pytest.skip("the MPS tools are here")
     assert load_script("benchmarks/driver_gate/cold_start.py").main(["--mps"]) == 2
     assert capsys.readouterr().err.endswith("run it without --mps\n")
+
+
+def test_under_mps_the_daemon_is_told_to_quit_after_the_server_is_gone(tmp_path) -> None:
+    """A stand-in for the MPS control binary logs how it is called; the server's process,
+    without a GPU here, ends with its one line before the daemon is told to quit."""
+    pytest.importorskip("torch")
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "${{1:-$(cat)}}" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/driver_gate/cold_start.py"), "--mps"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "cold_start: no CUDA GPU here"
+    assert log.read_text().split() == ["-d", "quit"]

@@ -76,16 +76,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from gpreempt.bench.mps import MpsDaemon, MpsUnavailable
 
+    if not args.mps:
+        return measure(args.rounds, args.out, False)
+    # The server runs in a process of its own, so that no client of the daemon is left when it
+    # is told to quit: one with a client still attached outlived its directory and its quit.
     with contextlib.ExitStack() as stack:
-        if args.mps:
-            where = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            try:
-                os.environ.update(stack.enter_context(MpsDaemon(where)).env())
-            except MpsUnavailable:
-                print("cold_start: MPS could not start here (nvidia-cuda-mps-control missing "
-                      "or refused): run it without --mps", file=sys.stderr)  # fmt: skip
-                return 2
-        return measure(args.rounds, args.out, args.mps)
+        where = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        try:
+            os.environ.update(stack.enter_context(MpsDaemon(where)).env())
+        except MpsUnavailable:
+            print("cold_start: MPS could not start here (nvidia-cuda-mps-control missing "
+                  "or refused): run it without --mps", file=sys.stderr)  # fmt: skip
+            return 2
+        server = mp.get_context("spawn").Process(target=_measured, args=(args.rounds, args.out))
+        server.start()
+        server.join()
+        return server.exitcode if server.exitcode is not None else 1
+
+
+def _measured(rounds: int, out: Path | None) -> None:  # the server's process under MPS
+    sys.exit(measure(rounds, out, True))
 
 
 def measure(rounds: int, out: Path | None, mps: bool) -> int:

@@ -140,7 +140,7 @@ for group in "$@"; do
         --out "$OUT/kernel_residual.json" ;;
     cold-start) for n in 1 2; do for mps in "" --mps; do
         timeout 100 python3 benchmarks/driver_gate/cold_start.py $mps --rounds 300 \
-          --out "$OUT/cold_start$mps-$n.json"; done; done ;;
+          --out "$OUT/cold_start${mps:+-mps}-$n.json"; done; done ;;
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \
         --env-b GPREEMPT_DRIVER_GATE=0 ;;
