@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,41 @@ def test_a_run_stopped_midway_keeps_the_repeats_it_finished(tmp_path, monkeypatc
     assert saved["params"]["repeats"] == 1 and saved["params"]["repeats_planned"] == 2
     assert saved["scenarios"]["gpreempt-signal"]["valid"]
     assert (out / "report.md").exists() and saved["plots"] == []
+
+
+def _lingering_mps(tmp_path: Path, on_term: str) -> Path:
+    """An nvidia-cuda-mps-control stand-in whose ``-d`` leaves a process of that name behind
+    (as the real daemon forks), which does not heed ``quit``; ``on_term``: its TERM trap."""
+    script = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f'  -d) "$0" serve </dev/null >/dev/null 2>&1 & ;;\n'
+        f"  serve) trap '{on_term}' TERM; while :; do sleep 0.05; done ;;\n"
+        "  *) cat >/dev/null ;;\n"
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("on_term", ["exit 0", ""], ids=["terminated", "killed"])
+def test_an_mps_daemon_that_outlives_its_quit_is_stopped_all_the_same(
+    tmp_path, on_term, monkeypatch
+):
+    monkeypatch.setattr("gpreempt.bench.mps.QUIT_S", 0.3)
+    monkeypatch.setattr("gpreempt.bench.mps.TERM_S", 0.3)
+    control = _lingering_mps(tmp_path, on_term)
+    daemon = MpsDaemon(tmp_path / "d", str(control))
+    other = MpsDaemon(tmp_path / "other", str(control))  # another run's: left alone
+    with other, daemon:
+        deadline = time.monotonic() + 5
+        while len(daemon.processes()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(daemon.processes()) == 1 and len(other.processes()) == 1
+        other_pid = other.processes()[0]
+        daemon.stop()
+        assert daemon.processes() == []
+        assert other.processes() == [other_pid]
+    assert other.processes() == []
