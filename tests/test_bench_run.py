@@ -365,7 +365,7 @@ def _lingering_mps(tmp_path: Path, on_term: str) -> Path:
     script.write_text(
         "#!/bin/sh\n"
         'case "$1" in\n'
-        f'  -d) "$0" serve </dev/null >/dev/null 2>&1 & ;;\n'
+        '  -d) "$0" serve </dev/null >/dev/null 2>&1 & ;;\n'
         f"  serve) trap '{on_term}' TERM; while :; do sleep 0.05; done ;;\n"
         "  *) cat >/dev/null ;;\n"
         "esac\n"

@@ -140,8 +140,8 @@ def measure(rounds: int, out: Path | None, mps: bool) -> int:
     result = summarise(rows)
     for mode, f in result.items():
         print(f"{mode:12s} n={f['n']:4d} GPU span {f['span_p50']:.3f} ms "
-              f"(+{f['span_over_idle']:.3f}), service {f['service_p50']:.3f} ms "
-              f"(+{f['service_over_idle']:.3f})")  # fmt: skip
+              f"({f['span_over_idle']:+.3f}), service {f['service_p50']:.3f} ms "
+              f"({f['service_over_idle']:+.3f})")  # fmt: skip
     if out:
         out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "mps": mps, **result}))
     return 0
