@@ -10,7 +10,7 @@ means. No gpreempt. A bench run's load, fixed from its calibration, moves with i
 
     PYTHONPATH=src python3 benchmarks/defaults/eager_service.py --out eager_service.json
 
-Each process's record: where it ran, ``bench`` (cudnn.benchmark, on as the server sets it), and
+Each process's record: where it ran, ``bench`` (cudnn.benchmark, as the server sets it), and
 its service times (ms): one at a time (``iso_*``) and at load (``load_*``).
 """
 

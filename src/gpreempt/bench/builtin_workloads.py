@@ -34,14 +34,18 @@ CASE_B_KINDS = (
 )
 
 
-def resnet50_server(batch: int = 8, device: str = "cuda", graph: bool = True) -> Callable[[], None]:
+def resnet50_server(
+    batch: int = 8, device: str = "cuda", graph: bool = True, cudnn_benchmark: bool = False
+) -> Callable[[], None]:
     """Case-A: one call serves one request of ``batch`` 224x224 images on ResNet-50 fp16.
     From a CUDA graph, the handler keeps each request's GPU span (ms, from timed events before
-    its input's copy and after its output's) in its ``gpu_ms`` list (``loops.GPU_MS``)."""
+    its input's copy and after its output's) in its ``gpu_ms`` list (``loops.GPU_MS``).
+    ``cudnn_benchmark``: cuDNN times its convolution algorithms at the first requests and keeps
+    the fastest (else it picks them by its heuristics)."""
     import torch
     import torchvision
 
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = cudnn_benchmark
     dev = torch.device(device)
     on_gpu = dev.type == "cuda"
     dtype = torch.float16 if on_gpu else torch.float32
