@@ -6,7 +6,11 @@
 # Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
 # request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts),
 # cold-start (cold_start.py: what the graph server's request pays for starting right after
-# another process's work, with nothing left in flight; twice, each time then under MPS), marks
+# another process's work, with nothing left in flight; twice, each time then under MPS), resume
+# (resume_latency.cu: how soon a stream parked at a barrier runs again once its word drops,
+# with or without another process's work in between; twice), server-spread (server_spread.py:
+# the graph server's speed from one start of its process to the next, by how cuDNN chose its
+# algorithms), marks
 # (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU), parked
 # (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
 # process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
@@ -138,6 +142,10 @@ for group in "$@"; do
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     residual) timeout 400 python3 benchmarks/driver_gate/kernel_residual.py \
         --out "$OUT/kernel_residual.json" ;;
+    resume) nvcc -O2 -o "$work/resume_latency" benchmarks/driver_gate/resume_latency.cu -lcuda &&
+      for n in 1 2; do timeout 60 "$work/resume_latency" 300 | tee "$OUT/resume-$n.json"; done ;;
+    server-spread) timeout 400 python3 benchmarks/driver_gate/server_spread.py --rounds 6 \
+        --out "$OUT/server_spread.json" ;;
     cold-start) for n in 1 2; do for mps in "" --mps; do
         timeout 100 python3 benchmarks/driver_gate/cold_start.py $mps --rounds 300 \
           --out "$OUT/cold_start${mps:+-mps}-$n.json"; done; done ;;
