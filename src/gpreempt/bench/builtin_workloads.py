@@ -41,7 +41,10 @@ def resnet50_server(
     From a CUDA graph, the handler keeps each request's GPU span (ms, from timed events before
     its input's copy and after its output's) in its ``gpu_ms`` list (``loops.GPU_MS``).
     ``cudnn_benchmark``: cuDNN times its convolution algorithms at the first requests and keeps
-    the fastest (else it picks them by its heuristics)."""
+    the fastest; off, it picks them by its heuristics, the same in every process. Off by
+    default: the timed choice moved the server's speed from one start of its process to the
+    next, and with what else ran on the GPU meanwhile (``benchmarks/driver_gate/server_spread.py``),
+    so a scenario's server ran other kernels than the alone one it is read against."""
     import torch
     import torchvision
 
