@@ -43,7 +43,7 @@
 # stopped keeps the repeats it finished. Each cell's results.json goes to $OUT/<cell>/
 # (benchmarks/defaults/table.py prints it), with each gated run's per-request data and events
 # gzipped in $OUT/<cell>/<run>-<scenario>/ for held_progress.py; a line per cell is printed, and
-# what held_progress.py reads of each run.
+# what held_progress.py reads of each run, and the parts of its P99 (p99_parts.py).
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 unset GPREEMPT_GATE_BARRIER_MS GPREEMPT_IDLE_GRACE_MS GPREEMPT_REQUEST_LINGER_MS
@@ -87,6 +87,10 @@ keep() {  # cell name, the bench folder it ran in
     python3 benchmarks/driver_gate/held_progress.py ${clocks:+--clocks "$clocks"} "$kept" 2>&1 |
       sed -n '/^trainer steps/p;/^requests over/p;/^GPU /p;/^host /p;/suspend calls/p;/holds no/p' |
       sed "s|^|  $(basename "$kept"): |"
+  done
+  for run in "$OUT/$name"/r*-gpreempt*; do  # the P99's parts, where its alone run was kept
+    [ -d "${run%%-gpreempt*}-a-alone" ] && python3 benchmarks/driver_gate/p99_parts.py "$run" |
+      sed -n '/idle gated/p;/queued gated/p;/alone + switch/p' | sed "s|^|  $(basename "$run"):|"
   done
   echo "  leaks found: $(cat $(find "$dir" -name events.jsonl) 2>/dev/null |
     grep -c 'does not hold'), backstop locks: $(cat $(find "$dir" -name events.jsonl) \
