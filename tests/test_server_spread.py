@@ -14,3 +14,11 @@ def test_each_mode_keeps_every_process_and_its_spread() -> None:
                                 "median": 1.28}  # fmt: skip
     assert out["heuristics"]["median"] == pytest.approx(1.215)
     assert "benchmark-busy" not in out  # a mode cut before its first process is left out
+
+
+def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert load_script("benchmarks/driver_gate/server_spread.py").main(["--rounds", "1"]) == 2
+    assert capsys.readouterr().err == "server_spread: no CUDA GPU here\n"

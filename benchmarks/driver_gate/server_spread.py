@@ -4,8 +4,8 @@ Each round starts a fresh server process per mode (ResNet-50 fp16 b8 replayed fr
 graph, as Case-A "light"), warms it up, and times 300 requests, each after 1 ms idle, alone
 on the GPU; the median GPU span of each process is one sample. Modes:
 
-* ``benchmark``: cuDNN times its algorithms at the first requests (the bench's server);
-* ``heuristics``: cuDNN picks them without timing;
+* ``benchmark``: cuDNN times its algorithms at the first requests (as the bench's server did);
+* ``heuristics``: cuDNN picks them without timing (the bench's server now);
 * ``benchmark-busy``: as ``benchmark``, while another process keeps the GPU busy during the
   server's warm-up only (stopped before the timed requests), as a trainer would beside a
   server that starts.
@@ -19,6 +19,7 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 MODES = ("benchmark", "heuristics", "benchmark-busy")
 
 
-def _busy(stop) -> None:  # another context: 1 ms kernels back to back until told to stop
+def _busy(stop: Any) -> None:  # another context: 1 ms kernels back to back until told to stop
     import torch
 
     torch.cuda.init()
@@ -36,7 +37,7 @@ def _busy(stop) -> None:  # another context: 1 ms kernels back to back until tol
         torch.cuda.synchronize()
 
 
-def _server(mode: str, requests: int, out) -> None:
+def _server(mode: str, requests: int, out: Any) -> None:
     import torch
 
     from gpreempt.bench.builtin_workloads import resnet50_server
@@ -74,12 +75,20 @@ def summarise(rows: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("server_spread: PyTorch is not installed here", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("server_spread: no CUDA GPU here", file=sys.stderr)
+        return 2
     ctx = mp.get_context("spawn")
     rows: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(args.rounds):
