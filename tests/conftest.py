@@ -33,6 +33,16 @@ def load_script(relative: str) -> ModuleType:
     return module
 
 
+def check_says_no_gpu(capsys: pytest.CaptureFixture[str], relative: str, *argv: str) -> None:
+    """A GPU benchmark script run where PyTorch has no GPU: exit code 2 and one line,
+    ``NAME: no CUDA GPU here`` (skipped without PyTorch, or with a GPU)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert load_script(relative).main(list(argv)) == 2
+    assert capsys.readouterr().err == f"{Path(relative).stem}: no CUDA GPU here\n"
+
+
 def build_gate_rule(work: Path, program: str) -> Path:
     """``program`` (C++ that includes a header of the gate's ``csrc``) compiled in ``work`` as
     the gate compiles it, warnings as errors: the binary; the test is skipped without a

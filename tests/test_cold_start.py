@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT, check_says_no_gpu, load_script
 
 
 def test_each_mode_is_read_against_the_idle_requests() -> None:
@@ -30,11 +30,7 @@ def test_without_idle_requests_no_distance_is_made_up() -> None:
 
 
 def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here")
-    assert load_script("benchmarks/driver_gate/cold_start.py").main(["--rounds", "1"]) == 2
-    assert capsys.readouterr().err == "cold_start: no CUDA GPU here\n"
+    check_says_no_gpu(capsys, "benchmarks/driver_gate/cold_start.py", "--rounds", "1")
 
 
 def test_without_mps_tools_it_says_to_run_without_mps(capsys) -> None:

@@ -4,7 +4,7 @@ themselves need a GPU)."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
+from conftest import check_says_no_gpu, load_script
 
 
 def test_each_mode_keeps_every_process_and_its_spread() -> None:
@@ -17,8 +17,4 @@ def test_each_mode_keeps_every_process_and_its_spread() -> None:
 
 
 def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here")
-    assert load_script("benchmarks/driver_gate/server_spread.py").main(["--rounds", "1"]) == 2
-    assert capsys.readouterr().err == "server_spread: no CUDA GPU here\n"
+    check_says_no_gpu(capsys, "benchmarks/driver_gate/server_spread.py", "--rounds", "1")
