@@ -33,10 +33,12 @@ def load_script(relative: str) -> ModuleType:
     return module
 
 
-def check_says_no_gpu(capsys: pytest.CaptureFixture[str], relative: str, *argv: str) -> None:
-    """A GPU benchmark script run where PyTorch has no GPU: exit code 2 and one line,
-    ``NAME: no CUDA GPU here`` (skipped without PyTorch, or with a GPU)."""
-    torch = pytest.importorskip("torch")
+def check_says_no_gpu(
+    capsys: pytest.CaptureFixture[str], torch: ModuleType, relative: str, *argv: str
+) -> None:
+    """A GPU benchmark script run where ``torch`` (the caller's ``pytest.importorskip``, which
+    keeps the test file among those that CI runs with PyTorch) has no GPU: exit code 2 and
+    one line, ``NAME: no CUDA GPU here`` (skipped with a GPU)."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     assert load_script(relative).main(list(argv)) == 2

@@ -30,7 +30,8 @@ def test_without_idle_requests_no_distance_is_made_up() -> None:
 
 
 def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
-    check_says_no_gpu(capsys, "benchmarks/driver_gate/cold_start.py", "--rounds", "1")
+    torch = pytest.importorskip("torch")
+    check_says_no_gpu(capsys, torch, "benchmarks/driver_gate/cold_start.py", "--rounds", "1")
 
 
 def test_without_mps_tools_it_says_to_run_without_mps(capsys) -> None:

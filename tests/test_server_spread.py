@@ -17,4 +17,5 @@ def test_each_mode_keeps_every_process_and_its_spread() -> None:
 
 
 def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
-    check_says_no_gpu(capsys, "benchmarks/driver_gate/server_spread.py", "--rounds", "1")
+    torch = pytest.importorskip("torch")
+    check_says_no_gpu(capsys, torch, "benchmarks/driver_gate/server_spread.py", "--rounds", "1")
