@@ -70,14 +70,14 @@ bench() {  # folder under $work, time limit (s), bench options...
   [ -n "$sampler" ] && { kill "$sampler"; wait "$sampler"; } 2>/dev/null
   echo "$name rc=$rc"
 }
-keep() {  # cell name, the bench folder it ran in
-  local name=$1 dir=$2 clocks
+keep() {  # cell name, the bench folder it ran in[, the one holding its alone runs]
+  local name=$1 dir=$2 alone=${3:-$2} clocks
   mkdir -p "$OUT/$name"
   cp "$dir/results.json" "$OUT/$name/" 2>/dev/null || echo "  $name: no results (see $work/*.log)"
   python3 benchmarks/defaults/table.py "$OUT/$name" 2>/dev/null | tail -4
   clocks=$(ls "$dir.clocks.jsonl" "$(dirname "$dir").clocks.jsonl" 2>/dev/null | head -1)
   [ -n "$clocks" ] && gzip -c "$clocks" > "$OUT/$name/clocks.jsonl.gz"
-  for run in "$dir"/runs/r*/gpreempt* "$dir"/runs/r*/a-alone*; do  # alone: the host beside it
+  for run in "$dir"/runs/r*/gpreempt* "$alone"/runs/r*/a-alone*; do  # alone: the host beside it
     [ -f "$run/case-a.json" ] || continue
     local kept="$OUT/$name/$(basename "$(dirname "$run")")-$(basename "$run")"
     mkdir -p "$kept"
@@ -177,7 +177,8 @@ for group in "$@"; do
       n=$(echo $kinds | wc -w)
       bench together $((REPEATS * (30 + 70 * n) + 90)) --case-b "$(echo $kinds | tr ' ' ,)"
       for kind in $kinds; do  # one trainer's bench writes its results in place
-        keep "$(cell_name "$kind")" "$work/together$([ "$n" -gt 1 ] && echo "/$kind")"
+        keep "$(cell_name "$kind")" "$work/together$([ "$n" -gt 1 ] && echo "/$kind")" \
+          "$work/together"  # the server alone ran once per repeat for all of them
       done ;;
     cpp) nvcc -O2 -o "$work/cpp_trainer" benchmarks/driver_gate/cpp_trainer.cu &&
       cell cpp --case-b-cmd "$work/cpp_trainer" ;;
