@@ -89,3 +89,21 @@ def test_the_command_reads_gzipped_runs_and_names_a_missing_alone_run(tmp_path: 
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout)[str(tmp_path / "r0-gpreempt")]
     assert r["gated"]["of_alone"] > 1.0 and r["switch_ms"] == pytest.approx(0.134)
+
+
+def test_a_slower_server_alone_shows_how_much_its_p99_moves() -> None:
+    alone = _server(ARRIVALS, [1.0] * len(ARRIVALS))
+    r = _load().parts(alone, alone, switch_ms=0.0, scale=1.1)
+    # the third of a burst waits longest: 3 x 1.1 - 2 x 0.5
+    assert r["alone x 1.1"]["p99_ms"] == pytest.approx(2.3)
+    assert "alone x 1.1" not in _load().parts(alone, alone, switch_ms=0.0)
+
+
+def test_a_scale_of_zero_is_refused_in_one_line(tmp_path: Path) -> None:
+    _write(tmp_path / "r0-gpreempt", _server(ARRIVALS, [1.0] * len(ARRIVALS)))
+    _write(tmp_path / "r0-a-alone", _server(ARRIVALS, [1.0] * len(ARRIVALS)))
+    refused = _cli("--scale", "0", str(tmp_path / "r0-gpreempt"))
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--scale must be more than 0" in refused.stderr
+    shown = _cli("--scale", "1.01", str(tmp_path / "r0-gpreempt"))
+    assert shown.returncode == 0 and "alone x 1.01" in shown.stdout

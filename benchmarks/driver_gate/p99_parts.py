@@ -14,14 +14,17 @@ prints the P99 latency (ms) and its ratio to the alone run replayed, for:
   trainer was held;
 * ``alone + switch``: every request as alone, each that finds the server idle in the replay
   ``--switch-ms`` longer (default 0.134, the GPU's switch that ``cold_start.py`` measured): the
-  floor for taking turns on the GPU by time slices.
+  floor for taking turns on the GPU by time slices;
+* ``alone x SCALE`` (with ``--scale``): every request as alone, its service time ``--scale``
+  times as long: how much the P99 moves for a server that much slower, e.g. by what
+  ``request()`` costs its CPU (``--scale 1.01``: per 1 % of its service time).
 
 A run folder is ``runs/rN/SCENARIO`` of a bench (its alone run ``runs/rN/a-alone``) or one kept
 by ``run.sh`` (``rN-SCENARIO``, its alone run ``rN-a-alone`` beside it); ``--alone`` names
 another. Each holds the server's ``case-a.json``, gzipped or not.
 
-    python3 benchmarks/driver_gate/p99_parts.py [--json] [--switch-ms MS] [--alone FOLDER]
-        RUN_FOLDER...
+    python3 benchmarks/driver_gate/p99_parts.py [--json] [--switch-ms MS] [--scale X]
+        [--alone FOLDER] RUN_FOLDER...
 """
 
 from __future__ import annotations
@@ -72,10 +75,13 @@ def replay(
 
 
 def parts(
-    gated: dict[str, list[float]], alone: dict[str, list[float]], switch_ms: float
+    gated: dict[str, list[float]],
+    alone: dict[str, list[float]],
+    switch_ms: float,
+    scale: float | None = None,
 ) -> dict[str, Any]:
     """The P99 (ms) of each replay, its ratio to the alone one, and how many requests found the
-    server idle beside the trainer."""
+    server idle beside the trainer; ``scale``: also the alone replay that much slower."""
     n = len(gated["scheduled"])
     if len(alone["scheduled"]) != n:
         raise SystemExit(
@@ -95,6 +101,8 @@ def parts(
     }
     out = {name: percentile(replay(arrivals, s), 99) for name, s in services.items()}
     out["alone + switch"] = percentile(replay(arrivals, own, switch_ms), 99)
+    if scale is not None:
+        out[f"alone x {scale:g}"] = percentile(replay(arrivals, [x * scale for x in own]), 99)
     reference = out["alone"]
     result: dict[str, Any] = {
         name: {"p99_ms": value, "of_alone": value / reference} for name, value in out.items()
@@ -112,16 +120,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="gated run folders")
     parser.add_argument("--alone", type=Path, help="the alone run (default: beside each run)")
     parser.add_argument("--switch-ms", type=float, default=SWITCH_MS)
+    parser.add_argument(
+        "--scale", type=float, help="also every request as alone, this many times as long"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object, by run folder")
     args = parser.parse_args(argv)
     if args.switch_ms < 0:
         parser.error(f"--switch-ms must be 0 or more, got {args.switch_ms}")
+    if args.scale is not None and not args.scale > 0:
+        parser.error(f"--scale must be more than 0, got {args.scale}")
     results = {}
     for run in args.runs:
         alone = args.alone or alone_folder(run)
         if not alone.is_dir():
             raise SystemExit(f"p99_parts: no alone run at {alone}: name it with --alone FOLDER")
-        results[str(run)] = parts(read_server(run), read_server(alone), args.switch_ms)
+        results[str(run)] = parts(read_server(run), read_server(alone), args.switch_ms, args.scale)
     if args.json:
         json.dump(results, sys.stdout, indent=1)
         print()
@@ -129,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run, r in results.items():
         print(f"{run}: measured P99 {r['measured_p99_ms']:.2f} ms, {r['found_idle']} requests "
               "found the server idle")  # fmt: skip
-        for name in ("gated", "alone", "idle gated", "queued gated", "alone + switch"):
+        names = ["gated", "alone", "idle gated", "queued gated", "alone + switch"]
+        for name in names + [n for n in r if n.startswith("alone x ")]:
             print(
                 f"  {name:15s} P99 {r[name]['p99_ms']:6.2f} ms  {r[name]['of_alone']:.3f} of alone"
             )
