@@ -1,14 +1,15 @@
 """What ``gpreempt.request()`` costs a server's CPU, under a daemon, with no GPU.
 
 A stand-in server runs under ``gpreempt run --priority high`` beside a private daemon. Each of
-its requests does about ``--work-ms`` of work that releases the interpreter lock (hashing, as a
-CUDA stream's synchronize does while it waits), marked with ``request()`` or not; between them
-it waits as long again ("idle": every request starts with the server idle) or only before
-every eighth ("queued": the others start right after the one before, as a queue's do). Per
-request it times entering the scope, its work, and leaving the scope (the work too: helper
-threads woken by the scope can take the interpreter lock from it), and prints the median of
-each per mode (``noreq``: unmarked; ``req``: ``request()``; ``linger0``:
-``request()`` with ``GPREEMPT_REQUEST_LINGER_MS=0``) and pattern, over interleaved rounds.
+its requests does about ``--work-ms`` of work that releases the interpreter lock (hashing; a
+CUDA stream's synchronize releases it too while it waits), marked with ``request()`` or not;
+between them it waits as long again ("idle": every request starts with the server idle) or only
+before every eighth ("queued": the others start right after the one before, as a queue's do).
+Per request it times entering the scope, its work, and leaving the scope (the work too: helper
+threads woken by the scope can take the interpreter lock from it). It prints, per mode
+(``noreq``: unmarked; ``req``: ``request()``; ``linger0``: ``request()`` with
+``GPREEMPT_REQUEST_LINGER_MS=0``) and pattern, the range over interleaved rounds of each
+round's medians; ``--out`` keeps every round's.
 
     python3 benchmarks/driver_gate/request_cpu_cost.py [--rounds 3] [--requests 2000]
         [--out FILE.json]
