@@ -62,8 +62,10 @@ def test_signal_is_checked_for_real(tmp_path, request) -> None:
     (row,) = rows
     assert row["verdict"] == "works" and row["stopped"] and row["resumed"] and row["works"]
     assert row["suspend_ms"] > 0
-    # judged once its launches drained: none go on after SIGSTOP, so at once
-    assert 0 <= row["drain_ms"] < 250 and row["drained"] <= 1
+    # judged once its launches drained: none go on after SIGSTOP, so the progress stood still
+    # from the first read after the suspend call returned (its drain is read every 5 ms). How
+    # many steps ran during the call depends on how fast the job steps on this machine.
+    assert 0 <= row["drain_ms"] <= row["suspend_ms"] + 10
     assert code == 0
 
 
