@@ -10,7 +10,7 @@
 # (resume_latency.cu: how soon a stream parked at a barrier runs again once its word drops,
 # with or without another process's work in between; twice), server-spread (server_spread.py:
 # the graph server's speed from one start of its process to the next, by how cuDNN chose its
-# algorithms), marks
+# algorithms), gpu-tests (every GPU test, tests/gpu, with this tree's src: pytest_gpu.txt), marks
 # (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU), parked
 # (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
 # process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
@@ -143,6 +143,8 @@ for group in "$@"; do
         done
       done
       kill $dpid; wait $dpid 2>/dev/null; rm -rf "$rd" ;;
+    gpu-tests) timeout 590 python3 -m pytest -q -rfE --tb=short \
+        -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -5 ;;
     hold) timeout 200 python3 benchmarks/driver_gate/hold_latency.py --out "$OUT/hold_latency.json" ;;
     residual) timeout 400 python3 benchmarks/driver_gate/kernel_residual.py \
         --out "$OUT/kernel_residual.json" ;;
