@@ -47,6 +47,27 @@ def test_steps_completed_well_into_an_active_period_are_counted(tmp_path: Path, 
     assert r["late_after_a_gap"] == 0
 
 
+@pytest.mark.parametrize("leak", [False, True])
+def test_steps_completed_inside_the_servers_busy_span_by_its_own_clock(tmp_path, leak, capsys):
+    """The server is busy from 10.000 to 10.020 by its requests' own times; a held trainer
+    completes nothing inside, a leaking one two steps, the last 12 ms in."""
+    _run(tmp_path / "run", leak=leak)
+    h = _load().summary(tmp_path / "run")["held_spans"]
+    assert h["n"] == 1 and h["join_ms"] == pytest.approx(0.05)  # a marked server: its linger
+    assert h["most_steps"] == (2 if leak else 0)
+    if leak:
+        assert h["last_of_several_ms"] == pytest.approx(12.0)
+    _load().main([str(tmp_path / "run")])
+    assert "most trainer steps completed inside one" in capsys.readouterr().out
+
+
+def test_a_server_that_marks_nothing_is_busy_across_gaps_under_its_idle_grace() -> None:
+    server = {"start": [1.0, 1.0021, 1.0100], "end": [1.002, 1.004, 1.012]}
+    h = _load().held_spans(server, [1.003, 1.0035, 1.011], join_ms=0.2)
+    assert h["n"] == 2 and h["most_steps"] == 2  # 0.1 ms between the first two: one span
+    assert h["last_of_several_ms"] == pytest.approx(3.5)
+
+
 def test_late_steps_after_a_gap_between_requests_are_told_apart(tmp_path: Path):
     """The server idles 2 ms between its two requests inside one of the daemon's periods: of
     the two late steps, the one after that gap ran rightly."""

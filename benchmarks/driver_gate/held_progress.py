@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gpreempt.bench import daemon_events, scenario_metrics
-from gpreempt.config import DEFAULT_IDLE_GRACE_MS, ENV_GRACE_MS
+from gpreempt.config import DEFAULT_IDLE_GRACE_MS, DEFAULT_REQUEST_LINGER_MS, ENV_GRACE_MS
 
 
 def _read(folder: Path, name: str, required: bool = True) -> Any:
@@ -294,6 +294,35 @@ def late_after_a_gap(
     return count
 
 
+def held_spans(server: dict[str, Any], ends: list[float], join_ms: float) -> dict[str, Any]:
+    """Whether the trainer stood still while the server was busy, read from the two processes'
+    own clocks, not the daemon's: the server's requests joined across gaps of at most
+    ``join_ms`` (the linger of a server that marks its requests, else the idle grace: shorter
+    gaps never drop its words) make its busy spans; a held trainer completes inside one at most
+    what was in flight or queued before its barrier when the span began, so the steps
+    completed inside each, and how far into its span the last of several came, tell a hold
+    that holds (a second one early, if at all) from one that leaks (steps on through long
+    spans)."""
+    spans: list[list[float]] = []
+    for start, stop in zip(server["start"], server["end"], strict=True):
+        if spans and start - spans[-1][1] <= join_ms / 1e3:
+            spans[-1][1] = max(spans[-1][1], stop)
+        else:
+            spans.append([start, stop])
+    counts, last_of_several = [], []
+    for start, stop in spans:
+        inside = ends[bisect.bisect_right(ends, start) : bisect.bisect_right(ends, stop)]
+        counts.append(len(inside))
+        if len(inside) > 1:
+            last_of_several.append((inside[-1] - start) * 1e3)
+    return {
+        "n": len(spans),
+        "join_ms": join_ms,
+        "most_steps": max(counts, default=0),
+        "last_of_several_ms": max(last_of_several, default=float("nan")),
+    }
+
+
 def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[str, float]:
     """From each ``active`` event of the server between ``begin`` and ``end`` to the first
     ``suspend`` of a trainer after it, before the server's next ``idle``: median and longest
@@ -361,6 +390,13 @@ def summary(
         "steps_past_one_step": len(daemon_events.late_steps(ends, periods, step_s)),
         "idle_grace_ms": grace_ms,
         "late_after_a_gap": late_after_a_gap(ends, periods, step_s, server, grace_ms),
+        "held_spans": held_spans(
+            server,
+            sorted(ends),
+            DEFAULT_IDLE_GRACE_MS
+            if folder.name.endswith("no-request")
+            else DEFAULT_REQUEST_LINGER_MS,
+        ),
         "reaction_ms": reaction_ms(events, begin, end),
         "suspend_calls_ms": suspend_calls(events, server, slow),
         "queued_service_ms": {
@@ -411,6 +447,10 @@ def _print(r: dict[str, Any]) -> None:
         for k, v in r["queued_service_ms"].items():
             print(f"queued requests, server {k}: n={v['n']} service p50 {v['p50']:.2f} ms, "
                   f"p90 {v['p90']:.2f} ms")  # fmt: skip
+        h = r["held_spans"]
+        print(f"the server's busy spans (its requests joined across gaps up to {h['join_ms']:g} "
+              f"ms): {h['n']}; most trainer steps completed inside one: {h['most_steps']}, "
+              f"the last of several {h['last_of_several_ms']:.2f} ms in at most")  # fmt: skip
         lag = r["reaction_ms"]
         print(f"the daemon's suspend after the server's active: median {lag['p50']:.2f} ms, "
               f"longest {lag['max']:.2f} ms (n={lag['n']})")  # fmt: skip
