@@ -78,9 +78,15 @@ def serve(mode: str, pattern: str, requests: int, work_ms: float) -> dict[str, f
     }
 
 
-def _one(runtime: str, mode: str, pattern: str, requests: int, work_ms: float) -> dict:
+def _env() -> dict[str, str]:
+    """The environment of the daemon and the servers: this tree's gpreempt, no linger set."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     env.pop("GPREEMPT_REQUEST_LINGER_MS", None)
+    return env
+
+
+def _one(runtime: str, mode: str, pattern: str, requests: int, work_ms: float) -> dict:
+    env = _env()
     if mode == "linger0":
         env["GPREEMPT_REQUEST_LINGER_MS"] = "0"
     cmd = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", runtime, "--priority",
@@ -110,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpreempt-reqcost-") as runtime:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
         daemon = subprocess.Popen(
             [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", runtime],
-            env=env,
+            env=_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
