@@ -49,9 +49,10 @@ def test_a_hinting_scope_inside_one_that_does_not_still_hints() -> None:
 
     block = ControlBlock.create()
     lock = threading.Lock()
+    # the Python count (test_native_scopes.py: the native one)
     current = types.SimpleNamespace(
         _lock=lock, _requests=0, control=block, warm_requests=False, gate=None,
-        linger=Linger(0.0, lambda: block.set_requests(0), lock),
+        linger=Linger(0.0, lambda: block.set_requests(0), lock), scopes=None,
     )  # fmt: skip
     try:
         Session.enter_request(current, hint=False)  # type: ignore[arg-type]

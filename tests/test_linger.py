@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -145,20 +146,28 @@ _SERVER = textwrap.dedent(
         with gpreempt.request():
             pass
     quiet(1.0)
+    counter = current.linger if current.scopes is None else current.scopes
     print(json.dumps({"right_after": right_after, "later": later, "last": word(),
-                      "bridged": current.linger.bridged, "releases": current.linger.releases}))
+                      "bridged": counter.bridged, "releases": counter.releases,
+                      "native": current.scopes is not None}))
     """
 )
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("linger_ms", ["200", "0"])
-def test_a_server_stays_active_between_back_to_back_requests(tmp_path, linger_ms) -> None:
-    """End to end: the word, and what the daemon saw, with and without a linger."""
+def test_a_server_stays_active_between_back_to_back_requests(tmp_path, linger_ms, native) -> None:
+    """End to end: the word, and what the daemon saw, with and without a linger, counted by
+    the native counter and, where it cannot be built (no compiler), by the Python linger."""
+    if native and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     daemon = Daemon(runtime)
     try:
         env = {**gp_env(runtime), ENV_LINGER_MS: linger_ms, "GPREEMPT_GATE": "0"}
+        if not native:  # an empty cache and no compiler: nothing to load
+            env.update(CXX="no-such-compiler", GPREEMPT_CACHE_DIR=str(tmp_path / "cache"))
         result = subprocess.run(
             [
                 sys.executable,
@@ -185,6 +194,7 @@ def test_a_server_stays_active_between_back_to_back_requests(tmp_path, linger_ms
         daemon.stop()
     events = [json.loads(line) for line in (runtime / "events.jsonl").read_text().splitlines()]
     activations = [e for e in events if e["event"] == "active" and e["task"] == "server"]
+    assert seen["native"] is native
     assert (seen["later"], seen["last"]) == (0, 0)  # it always drops in the end
     if linger_ms == "0":
         assert (seen["right_after"], seen["bridged"], seen["releases"]) == (0, 0, 0)

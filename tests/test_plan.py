@@ -204,3 +204,53 @@ def test_watch_list_versions_wrap_and_never_reach_zero() -> None:
     assert next_watch_version(0) == 1
     assert next_watch_version(5) == 6
     assert next_watch_version(MAX_WATCH_VERSION) == 1
+
+
+def test_a_task_is_quiet_only_while_every_task_it_outranks_holds_itself_on_its_words() -> None:
+    holding = {"holds_itself": True}
+    tasks = [facts(1, 100, controls=(1, 9)), facts(2, 0, **holding), facts(3, -100, **holding)]
+    snapshot = snapshot_of(tasks, active=set())
+    full = [
+        peer(2, watching=((1, 1), (1, 9)), watch_version=4),
+        peer(3, watching=((1, 1), (1, 9), (2, 2)), watch_version=2),
+    ]
+    result = plan(snapshot, decide_hpf(snapshot), tasks, full, SETTINGS, watches=False)
+    assert dict(result.quiet) == {1: True, 2: True, 3: True}
+    # told once: only changes are planned
+    told = [dataclasses.replace(t, quiet=True) for t in tasks]
+    assert plan(snapshot, decide_hpf(snapshot), told, full, SETTINGS, watches=False).quiet == ()
+    # one trainer's gate reads only one of the server's two blocks: the server rings at once
+    partial = [peer(2, watching=((1, 1),), watch_version=4), full[1]]
+    result = plan(snapshot, decide_hpf(snapshot), told, partial, SETTINGS, watches=False)
+    assert result.quiet == ((1, False),)
+    # a list sent but not yet mapped anywhere (version 0) holds nothing
+    unsent = [peer(2, watching=((1, 1), (1, 9)), watch_version=0), full[1]]
+    result = plan(snapshot, decide_hpf(snapshot), told, unsent, SETTINGS, watches=False)
+    assert result.quiet == ((1, False),)
+
+
+@pytest.mark.parametrize(
+    "low",
+    [
+        {"holds_itself": False},  # its gate does not hold its queue by itself (the lock backs it)
+        {"holds_itself": True, "closes_gate": False},  # a mechanism that never reads the words
+        {"holds_itself": True, "uid": 0},  # another user's: it never watches this one
+    ],
+    ids=["not-self-held", "no-gate", "another-user"],
+)
+def test_a_task_below_that_needs_the_daemon_keeps_the_raises_ringing(low) -> None:
+    tasks = [facts(1, 100), facts(2, 0, **low)]
+    snapshot = snapshot_of(tasks, active=set())
+    watching = [peer(2, watching=((1, 1),), watch_version=1)]
+    result = plan(snapshot, decide_hpf(snapshot), tasks, watching, SETTINGS, watches=False)
+    assert 1 not in {task for task, quiet in result.quiet if quiet}
+
+
+def test_held_tasks_below_need_no_ring_and_no_policy_but_hpf_is_ever_quiet() -> None:
+    tasks = [facts(1, 100), facts(2, 0, held=True, suspended=True)]
+    snapshot = snapshot_of(tasks, active=set())
+    result = plan(snapshot, decide_hpf(snapshot), tasks, [peer(2)], SETTINGS, watches=False)
+    assert dict(result.quiet)[1] is True
+    no_watch = dataclasses.replace(SETTINGS, watch=False, watch_resume=False)
+    result = plan(snapshot, decide_hpf(snapshot), tasks, [peer(2)], no_watch, watches=False)
+    assert result.quiet == ()

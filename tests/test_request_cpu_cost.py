@@ -23,8 +23,9 @@ def test_it_times_every_mode_and_pattern_under_a_daemon(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert {(r["mode"], r["pattern"]) for r in rows} == {
-        (m, p) for m in ("noreq", "req", "linger0") for p in ("idle", "queued")
+        (m, p) for m in ("noreq", "req", "pyreq", "linger0") for p in ("idle", "queued")
     }
+    assert not any(r["native"] for r in rows if r["mode"] == "pyreq")
     assert all(r["enter_us"] > 0 and r["exit_us"] > 0 and r["work_us"] > 50 for r in rows)
     assert "linger0" in done.stdout and "enter us" in done.stdout
 

@@ -7,7 +7,8 @@ between them it waits as long again ("idle": every request starts with the serve
 before every eighth ("queued": the others start right after the one before, as a queue's do).
 Per request it times entering the scope, its work, and leaving the scope (the work too: helper
 threads woken by the scope can take the interpreter lock from it). It prints, per mode
-(``noreq``: unmarked; ``req``: ``request()``; ``linger0``: ``request()`` with
+(``noreq``: unmarked; ``req``: ``request()``; ``pyreq``: ``request()`` counted by the Python
+linger, as where the native counter cannot be built; ``linger0``: ``request()`` with
 ``GPREEMPT_REQUEST_LINGER_MS=0``) and pattern, the range over interleaved rounds of each
 round's medians; ``--out`` keeps every round's.
 
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-MODES = ("noreq", "req", "linger0")
+MODES = ("noreq", "req", "pyreq", "linger0")
 PATTERNS = ("idle", "queued")
 _CHUNK = bytes(64 << 10)  # hashing this releases the interpreter lock
 
@@ -71,7 +72,9 @@ def serve(mode: str, pattern: str, requests: int, work_ms: float) -> dict[str, f
         enter.append(t1 - t0)
         inside.append(t2 - t1)
         leave.append(t3 - t2)
+    current = gpreempt.client.session.current()
     return {
+        "native": current is not None and current.scopes is not None,
         "enter_us": statistics.median(enter) * 1e6,
         "work_us": statistics.median(inside) * 1e6,
         "exit_us": statistics.median(leave) * 1e6,
@@ -85,10 +88,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _one(runtime: str, mode: str, pattern: str, requests: int, work_ms: float) -> dict:
+def _one(
+    runtime: str, mode: str, pattern: str, requests: int, work_ms: float, empty_cache: str
+) -> dict:
     env = _env()
     if mode == "linger0":
         env["GPREEMPT_REQUEST_LINGER_MS"] = "0"
+    if mode == "pyreq":  # nothing to load and no compiler: the Python linger counts
+        env.update(CXX="no-such-compiler", GPREEMPT_CACHE_DIR=empty_cache)
     cmd = [sys.executable, "-m", "gpreempt", "run", "--runtime-dir", runtime, "--priority",
            "high", "--", sys.executable, __file__, "--serve", mode, pattern,
            "--requests", str(requests), "--work-ms", str(work_ms)]  # fmt: skip
@@ -116,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpreempt-reqcost-") as runtime:
+        empty_cache = os.path.join(runtime, "no-cache")
         daemon = subprocess.Popen(
             [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", runtime],
             env=_env(),
@@ -127,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 for pattern in PATTERNS:
                     for mode in MODES:
                         row = {"round": rnd, "mode": mode, "pattern": pattern}
-                        row.update(_one(runtime, mode, pattern, args.requests, args.work_ms))
+                        row.update(
+                            _one(runtime, mode, pattern, args.requests, args.work_ms, empty_cache)
+                        )
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
         finally:
@@ -135,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             daemon.wait(timeout=30)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"{'pattern':8s} {'mode':8s} {'enter us':>14s} {'work us':>16s} {'exit us':>14s}")
+    print(f"{'pattern':8s} {'mode':8s} {'enter us':>14s} {'work us':>16s} {'exit us':>14s}"
+          "  counter")  # fmt: skip
     for pattern in PATTERNS:
         for mode in MODES:
             mine = [r for r in rows if r["mode"] == mode and r["pattern"] == pattern]
@@ -143,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             for key in ("enter_us", "work_us", "exit_us"):
                 values = [r[key] for r in mine]
                 cells.append(f"{min(values):.1f}-{max(values):.1f}")
-            print(f"{pattern:8s} {mode:8s} {cells[0]:>14s} {cells[1]:>16s} {cells[2]:>14s}")
+            counter = "-" if mode == "noreq" else "native" if mine[0]["native"] else "python"
+            print(f"{pattern:8s} {mode:8s} {cells[0]:>14s} {cells[1]:>16s} {cells[2]:>14s}"
+                  f"  {counter}")  # fmt: skip
     return 0
 
 

@@ -17,7 +17,7 @@ moment none is, without waiting for the daemon to notice and open it: the daemon
 a gate that has not yet mapped the newest list (a new task to watch) keeps waiting for the
 daemon (:func:`released_by_watch`).
 
-Layout (little endian, 136 bytes; ``client/gate/csrc/control_layout.h`` repeats it for the C++
+Layout (little endian, 144 bytes; ``client/gate/csrc/control_layout.h`` repeats it for the C++
 gates, and a test checks every constant there against this table):
 
 ======  =====  ==================================================================
@@ -75,6 +75,11 @@ offset  type   meaning
                physical index N (the driver-level gate; the index read through
                ``CUDA_VISIBLE_DEVICES`` as for ranks, bits 0-63): the daemon counts
                the task on each such GPU it can use (client)
+136     u32    quiet: 1 while every task this one outranks holds itself on this
+               task's words (its gate watches them): a request that raises the
+               ``requests`` word may leave the doorbell to the process's request
+               counter's helper, a tick later, instead of ringing it (daemon)
+140     u32    (unused)
 ======  =====  ==================================================================
 """
 
@@ -85,7 +90,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-SIZE = 136
+SIZE = 144
 
 OFF_GATE_CLOSED = 0
 OFF_GENERATION = 4
@@ -122,6 +127,7 @@ OFF_MARKER = 124
 MARKERS = {1: "asgi", 2: "grpc", 3: "generate"}
 
 OFF_DEVICES = 128
+OFF_QUIET = 136
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a

@@ -50,6 +50,7 @@ from .control import (
     OFF_HINTED,
     OFF_LAUNCHES,
     OFF_MARKER,
+    OFF_QUIET,
     OFF_REQUESTS,
     OFF_SLEEP_OK,
     OFF_WAIT_NS,
@@ -162,6 +163,7 @@ class ControlBlock:
         and let the gate sleep, then open the gate. Nothing can preempt the process until a
         daemon adopts the block again and says otherwise; a share left set would keep its gate
         tight and putting barriers, and a sleep left forbidden would keep it awake, for good."""
+        self.set_quiet(False)  # and its raises ring at once, for the next daemon
         self.set_window_share(None)
         self.set_sleep_ok(True)
         self.set_gate(False)
@@ -197,6 +199,10 @@ class ControlBlock:
     def set_sleep_ok(self, ok: bool) -> None:
         """Let the task's gate sleep (disable its operator hook) while nothing can preempt it."""
         self._set32(OFF_SLEEP_OK, 1 if ok else 0)
+
+    def set_quiet(self, quiet: bool) -> None:
+        """Say whether its raises may ring the doorbell a poll late (daemon; control.py)."""
+        self._set32(OFF_QUIET, 1 if quiet else 0)
 
     @property
     def sleep_ok(self) -> bool:

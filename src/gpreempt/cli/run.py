@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..client.launcher import Launcher
+    from ..client.native_scopes import build_ahead
     from ..config import idle_grace_ms, request_linger_ms, request_warm
 
     idle_grace_ms(), request_linger_ms(), request_warm()  # a bad setting fails here, not in CMD
@@ -64,4 +65,5 @@ def run(args: argparse.Namespace) -> int:
                 f"mechanism 'kfd' is not available here: {exc}; use --mechanism gate or signal"
             ) from None
     spec = task_fields(args, reserve_bytes=parse_size(args.reserve_memory))
+    build_ahead()  # the native request counter, so that no request() waits for the compiler
     return Launcher(command, spec, args.runtime_dir, args.policy).run()

@@ -30,6 +30,7 @@ from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
+from .native_scopes import NativeScopes, ScopesUnavailable
 from .ranks import rank_gpu
 from .stranded import WatchedBlock, block_key, free_stranded
 
@@ -71,12 +72,12 @@ class Session:
         self.driver_gate = False
         self._requests = 0
         self._lock = threading.Lock()
+        linger_s = (request_linger_ms() if linger_ms is None else linger_ms) / 1e3
         #: Requests stay raised this long after the last one ends (:mod:`.linger`).
-        self.linger = Linger(
-            (request_linger_ms() if linger_ms is None else linger_ms) / 1e3,
-            lambda: self.control.set_requests(0),
-            self._lock,
-        )
+        self.linger = Linger(linger_s, lambda: self.control.set_requests(0), self._lock)
+        #: The same, counted in native code where it builds (:mod:`.native_scopes`): ending a
+        #: request then wakes no thread. None: the Python linger counts them.
+        self.scopes = _native_scopes(control, linger_s)
         #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`);
         #: off unless ``GPREEMPT_REQUEST_WARM=1``.
         self.warm_requests = request_warm() if warm is None else warm
@@ -248,6 +249,10 @@ class Session:
 
     def enter_request(self, hint: bool = True) -> None:
         """One more open request scope; ``hint``: see :meth:`ControlBlock.set_requests`."""
+        if self.scopes is not None:
+            if self.scopes.enter(hint) and self.warm_requests and self.gate is not None:
+                self.gate.warm()
+            return
         with self._lock:
             self._requests += 1
             raised = self._requests == 1 and not self.linger.cancel()
@@ -257,6 +262,9 @@ class Session:
             self.gate.warm()
 
     def exit_request(self) -> None:
+        if self.scopes is not None:
+            self.scopes.exit()
+            return
         with self._lock:
             self._requests -= 1
             if self._requests > 0:
@@ -265,6 +273,17 @@ class Session:
                 self.linger.arm()
             else:
                 self.control.set_requests(0)
+
+
+def _native_scopes(control: ControlBlock, linger_s: float) -> NativeScopes | None:
+    """The native request counter of ``control``, which then stays mapped for the process's
+    life (its helper thread writes it); None where it cannot be built or loaded."""
+    try:
+        scopes = NativeScopes(control.address, control.doorbell, linger_s)
+    except ScopesUnavailable:
+        return None
+    control.keep_mapped()
+    return scopes
 
 
 _session: Session | None = None

@@ -1,5 +1,6 @@
 """Tell the gates what a :class:`~gpreempt.daemon.plan.Plan` says: their in-flight shares and
-sleep permissions, their watch lists, and the word of every closed gate.
+sleep permissions, their watch lists, the word of every closed gate, and which tasks' raises
+may reach the daemon a tick late.
 
 The executor's gate side: everything here writes tasks' control blocks or sends to their
 connections, and records what each gate was last told (the task's ``window_share_ms`` and
@@ -53,6 +54,11 @@ class GateExecutor:
             task.sleep_ok = ok
             for control in task.controls.values():
                 control.set_sleep_ok(ok)
+        for task_id, quiet in plan.quiet:
+            task = tasks[task_id]
+            task.quiet = quiet
+            for control in task.controls.values():
+                control.set_quiet(quiet)
         self.send_watches(plan.watches or ())
         for task in tasks.values():
             for conn, control in task.controls.items():

@@ -173,6 +173,7 @@ class Handlers:
             control.set_gate(True)
         control.set_window_share(task.window_share_ms)
         control.set_sleep_ok(task.sleep_ok)
+        control.set_quiet(task.quiet)  # a block adopted again may say what its old daemon said
         self.host.reconcile()
         return {
             "task_id": task.task_id,

@@ -59,6 +59,11 @@ class TaskFacts:
     window_share_ms: float | None
     #: Whether its gates were last told they may sleep.
     sleep_ok: bool
+    #: Its gate holds what it queued by itself while a watched task is active (driver-level
+    #: gate, or stream barriers), and no check found it leaking.
+    holds_itself: bool = False
+    #: Whether its blocks were last told that nobody needs its doorbell rung at once.
+    quiet: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,9 @@ class Plan:
     releases: Mapping[WatchedBlock, int]
     #: When to plan again even if nothing changes (the policy's or a gate's next sleep).
     wake_at: float | None
+    #: (task id, quiet) for each task whose blocks must be told anew whether every task it
+    #: outranks holds itself on its words (:func:`quiet_tasks`).
+    quiet: tuple[tuple[int, bool], ...] = ()
 
 
 def plan(
@@ -194,6 +202,8 @@ def plan(
         watching[watch.conn_id] = (watch.blocks, watch.version)
     waits = waited_for(snapshot, decision.until_idle) if settings.watch_resume else {}
     releases = gate_releases(tasks, waits, watching)
+    calm = quiet_tasks(snapshot, tasks, watching) if settings.watch else frozenset()
+    quiet = tuple((t.task_id, t.task_id in calm) for t in tasks if (t.task_id in calm) != t.quiet)
 
     due = [t for t in (decision.wake_at, next_sleep) if t is not None]
     return Plan(
@@ -206,6 +216,7 @@ def plan(
         watches=sent,
         releases=releases,
         wake_at=min(due) if due else None,
+        quiet=quiet,
     )
 
 
@@ -261,6 +272,41 @@ def gate_releases(
             if version and all(_watches_all_of(blocks, high) for high in causes):
                 releases[(task.task_id, conn)] = version
     return releases
+
+
+def quiet_tasks(
+    snapshot: Snapshot,
+    tasks: Sequence[TaskFacts],
+    watching: Mapping[int, tuple[tuple[WatchedBlock, ...], int]],
+) -> frozenset[int]:
+    """The tasks whose activity nobody needs the daemon to act on at once: every task each
+    one outranks on a GPU they share (policy/watch.py) either waits anyway (held, evicted) or
+    holds itself the moment it becomes active: its mechanism closes its gate, that gate holds
+    its queued work by itself, and every connection of it watches each of the task's blocks
+    (so none of another user). Their raises may reach the daemon a tick late."""
+    by_id = {t.task_id: t for t in tasks}
+    calm = {t.task_id for t in tasks if t.controls and not t.always_active}
+    for low_id, highs in watch_lists(snapshot).items():
+        low = by_id.get(low_id)
+        if low is None or low.held or low.evicted:
+            continue
+        for high_id in highs & calm:
+            high = by_id.get(high_id)
+            self_held = (
+                high is not None
+                and low.uid == high.uid  # watch lists never cross users
+                and low.closes_gate
+                and low.holds_itself
+                and bool(low.controls)
+                and all(
+                    watching.get(conn, ((), 0))[1] != 0
+                    and _watches_all_of(watching.get(conn, ((), 0))[0], high)
+                    for conn in low.controls
+                )
+            )
+            if not self_held:
+                calm.discard(high_id)
+    return frozenset(calm)
 
 
 def _watches_all_of(blocks: Iterable[WatchedBlock], high: TaskFacts | None) -> bool:

@@ -149,4 +149,6 @@ def _facts(task: Task) -> TaskFacts:
         controls=tuple(task.controls),
         window_share_ms=task.window_share_ms,
         sleep_ok=task.sleep_ok,
+        holds_itself=task.gated and task.held_on_gpu,
+        quiet=task.quiet,
     )

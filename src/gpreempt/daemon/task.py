@@ -62,6 +62,8 @@ class Task:
     window_share_ms: float | None = None
     #: Its gate may sleep, as last written to its control blocks (policy/sleep.py).
     sleep_ok: bool = False
+    #: Whether its blocks were last told that every task it outranks holds itself on them.
+    quiet: bool = False
     #: Also locked in the driver, behind its closed gate (mechanism auto; see backstop.py).
     backstop_locked: bool = False
     #: Also stopped with signals, behind its closed gate, where there is no lock (apply.py).
@@ -346,6 +348,7 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         # barriers put by a thread of the gate)
         "barriers": task.barriers_on,
         "sleep_ok": task.sleep_ok,
+        "quiet": task.quiet,
         # the driver-level gate: on, none, released (to a profiler), unavailable
         "driver": task.driver_gate,
         "driver_launches": sum(c.driver_launches for c in task.controls.values()),

@@ -7,7 +7,7 @@
 
 namespace gpreempt_layout {
 
-constexpr size_t kSize = 136;
+constexpr size_t kSize = 144;
 
 constexpr size_t kOffGateClosed = 0;        // u32, daemon
 constexpr size_t kOffGeneration = 4;        // u32, daemon
@@ -35,6 +35,7 @@ constexpr size_t kOffDriverNsPerLaunch = 116;  // u32, client (driver-level gate
 constexpr size_t kOffDriverBoundWaits = 120;   // u32, client (driver-level gate, statistics)
 constexpr size_t kOffMarker = 124;          // u32, client (what marks its requests)
 constexpr size_t kOffDevices = 128;         // u64, client (bit N: a context on GPU N)
+constexpr size_t kOffQuiet = 136;           // u32, daemon (raises may leave the doorbell)
 
 // gate_closed of a plain closed gate (odd); 2V: closed only while watch list V is active.
 constexpr uint32_t kClosed = 1;

@@ -1,0 +1,177 @@
+"""Counting a process's open ``request()`` scopes in native code (``csrc/request_scopes.cpp``).
+
+A request that ends with the Python linger (:mod:`.linger`) wakes its helper thread, which then
+needs the interpreter lock while the server prepares its next request: that cost the server
+10-30 us of CPU a request (``docs/servers.md``, "What a mark costs"). The native counter's
+helper never takes the lock and polls while requests are open or lingering, so ending a request
+writes a deadline and wakes nobody. The first request of a busy period raises the word and
+rings the daemon, unless the daemon said that every task this process outranks holds itself on
+that word (the block's ``quiet``): then the helper rings it at its next poll, at most 0.25 ms
+later, and the request pays for no wake-up at all.
+
+The library is plain C++ with no dependencies, compiled once per user and source (under a
+second with g++) into the same cache as the gates (:func:`gpreempt.client.gate.build.cache_root`,
+its build lock and its ownership check). ``gpreempt run`` builds it before it starts the
+command; a process that cannot build or load it keeps the Python linger. Build it ahead of time
+(a container image) with ``python -m gpreempt.client.native_scopes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from .gate.build import CSRC, NativeGateUnavailable, build_lock, cache_root, check_private
+
+SOURCE = CSRC / "request_scopes.cpp"
+HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
+LIBRARY_PREFIX = "libgpreempt_scopes_"
+
+
+class ScopesUnavailable(RuntimeError):
+    """The native counter cannot be built or loaded here; the message says why, in one line."""
+
+
+def library_name() -> str:
+    digest = hashlib.sha256()
+    for path in (SOURCE, *HEADERS):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """The built library (compiled now if not cached); raises ScopesUnavailable."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise ScopesUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    directory = cache_root().parent / "request_scopes"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private(directory)  # the library runs in every process that marks requests
+        check_private(directory.parent)
+    except OSError as exc:
+        raise ScopesUnavailable(f"cannot create {directory}: {exc.strerror}") from None
+    except NativeGateUnavailable as exc:
+        raise ScopesUnavailable(str(exc)) from None
+    target = directory / library_name()
+    if target.exists():
+        return target
+    with build_lock(directory, "the request counter") as held:
+        if target.exists():
+            return target
+        if not held:
+            raise ScopesUnavailable(f"another process holds the build lock of {directory}")
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        command = [
+            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+            f"-I{CSRC}", str(SOURCE), "-o", str(partial), "-lpthread", "-Wl,-z,defs",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            (directory / "build.log").write_text(" ".join(command) + "\n" + result.stderr)
+            raise ScopesUnavailable(
+                f"compiling the request counter failed; see {directory / 'build.log'}"
+            )
+        os.replace(partial, target)
+        return target
+
+
+def build_ahead() -> None:
+    """Build the library now if it can be (``gpreempt run``, before the command starts), so
+    that no request waits for the compiler; where it cannot, the Python linger counts."""
+    with contextlib.suppress(ScopesUnavailable):
+        build()
+
+
+_lock = threading.Lock()
+_library: Any = None
+
+
+def _load() -> Any:
+    global _library
+    with _lock:
+        if _library is None:
+            try:
+                lib = ctypes.PyDLL(str(build()))  # calls keep the interpreter lock: short ones
+            except OSError as exc:
+                raise ScopesUnavailable(f"cannot load the request counter: {exc}") from None
+            lib.gpreempt_scopes_open.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_double]
+            lib.gpreempt_scopes_open.restype = ctypes.c_void_p
+            lib.gpreempt_scopes_enter.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            lib.gpreempt_scopes_enter.restype = ctypes.c_int
+            lib.gpreempt_scopes_exit.argtypes = [ctypes.c_void_p]
+            lib.gpreempt_scopes_exit.restype = None
+            lib.gpreempt_scopes_stat.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            lib.gpreempt_scopes_stat.restype = ctypes.c_uint64
+            _library = lib
+        return _library
+
+
+class NativeScopes:
+    """The open request scopes of one control block, and their linger.
+
+    ``address`` is the block's mapping, which must stay mapped for the process's life (the
+    helper thread writes it); ``doorbell`` its eventfd.
+    """
+
+    def __init__(self, address: int, doorbell: int, linger_s: float) -> None:
+        if linger_s < 0:
+            raise ValueError(f"a linger cannot be negative, got {linger_s} s")
+        lib = _load()
+        self.seconds = linger_s
+        self._handle = lib.gpreempt_scopes_open(address, doorbell, linger_s)
+        self._enter = lib.gpreempt_scopes_enter
+        self._exit = lib.gpreempt_scopes_exit
+        self._stat = lib.gpreempt_scopes_stat
+
+    def enter(self, hint: bool) -> bool:
+        """A scope opens; True if it raised the ``requests`` word (nothing held it raised)."""
+        return bool(self._enter(self._handle, int(hint)))
+
+    def exit(self) -> None:
+        """A scope closes; the last one lets the word drop after the linger."""
+        self._exit(self._handle)
+
+    @property
+    def releases(self) -> int:
+        """Drops after a linger."""
+        return int(self._stat(self._handle, 0))
+
+    @property
+    def bridged(self) -> int:
+        """Requests that opened while the word still lingered."""
+        return int(self._stat(self._handle, 1))
+
+    @property
+    def wakes(self) -> int:
+        """Times a closing scope had to wake the helper (it was not polling)."""
+        return int(self._stat(self._handle, 2))
+
+    @property
+    def deferred(self) -> int:
+        """Raises whose doorbell the helper rang at its next poll (the block was quiet)."""
+        return int(self._stat(self._handle, 3))
+
+
+def main() -> int:
+    """Build the library now (``python -m gpreempt.client.native_scopes``)."""
+    try:
+        path = build()
+    except ScopesUnavailable as exc:
+        print(f"gpreempt: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpreempt: request counter ready: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
