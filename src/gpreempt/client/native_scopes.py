@@ -23,13 +23,12 @@ import ctypes
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from .gate.build import CSRC, NativeGateUnavailable, build_lock, cache_root, check_private
+from .gate.build import CSRC, NativeGateUnavailable, cache_root, compile_library
 
 SOURCE = CSRC / "request_scopes.cpp"
 HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
@@ -53,36 +52,19 @@ def build() -> Path:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise ScopesUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
-    directory = cache_root().parent / "request_scopes"
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        check_private(directory)  # the library runs in every process that marks requests
-        check_private(directory.parent)
-    except OSError as exc:
-        raise ScopesUnavailable(f"cannot create {directory}: {exc.strerror}") from None
+
+    def command(output: Path) -> list[str]:
+        return [
+            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+            f"-I{CSRC}", str(SOURCE), "-o", str(output), "-lpthread", "-Wl,-z,defs",
+        ]  # fmt: skip
+
+    try:  # the library runs in every process that marks requests
+        return compile_library(
+            cache_root().parent / "request_scopes", library_name(), command, "the request counter"
+        )
     except NativeGateUnavailable as exc:
         raise ScopesUnavailable(str(exc)) from None
-    target = directory / library_name()
-    if target.exists():
-        return target
-    with build_lock(directory, "the request counter") as held:
-        if target.exists():
-            return target
-        if not held:
-            raise ScopesUnavailable(f"another process holds the build lock of {directory}")
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [
-            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-            f"-I{CSRC}", str(SOURCE), "-o", str(partial), "-lpthread", "-Wl,-z,defs",
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            (directory / "build.log").write_text(" ".join(command) + "\n" + result.stderr)
-            raise ScopesUnavailable(
-                f"compiling the request counter failed; see {directory / 'build.log'}"
-            )
-        os.replace(partial, target)
-        return target
 
 
 def build_ahead() -> None:

@@ -26,9 +26,10 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -123,6 +124,46 @@ def check_private(path: Path) -> None:
             f"{stat.S_IMODE(info.st_mode):o}): its extension could be anyone's; set "
             f"{ENV_CACHE_DIR} to a directory only you can write"
         )
+
+
+def compile_library(
+    directory: Path,
+    name: str,
+    command: Callable[[Path], list[str]],
+    what: str,
+    *,
+    announce: bool = False,
+) -> Path:
+    """``directory/name``, compiled now by running ``command(output)`` unless it is there: the
+    plain C++ libraries the client loads by path (the driver-level gate, the request counter).
+    The directory is made and must be private (its library runs in the user's processes); one
+    process builds at a time (:func:`build_lock`), into a file of its own renamed when done; a
+    failed compile leaves ``build.log``. ``what`` names it in messages; ``announce`` says on
+    stderr that it builds. Raises NativeGateUnavailable, in one line."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private(directory)
+        check_private(directory.parent)
+    except OSError as exc:
+        raise NativeGateUnavailable(f"cannot create {directory}: {exc.strerror}") from None
+    target = directory / name
+    if target.exists():
+        return target
+    with build_lock(directory, what) as held:
+        if target.exists():
+            return target
+        if not held:
+            raise NativeGateUnavailable(f"another process holds the build lock of {directory}")
+        if announce:
+            print(f"gpreempt: building {what} in {directory}", file=sys.stderr)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        argv = command(partial)
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            (directory / "build.log").write_text(" ".join(argv) + "\n" + result.stderr)
+            raise NativeGateUnavailable(f"compiling {what} failed; see {directory / 'build.log'}")
+        os.replace(partial, target)
+        return target
 
 
 def _import_built(name: str, built: Path) -> ModuleType:

@@ -18,12 +18,11 @@ import glob
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from .build import NativeGateUnavailable, build_lock, cache_root, check_private
+from .build import NativeGateUnavailable, cache_root, compile_library
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
@@ -111,40 +110,25 @@ def build(*, quiet: bool = True) -> Path:
         raise DriverGateUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
     includes = find_include_dirs()
     cupti = find_library_dir("cupti")
-    directory = cache_root().parent / "driver_gate"
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        check_private(directory)  # the library runs in every process of the user's commands
-        check_private(directory.parent)
-    except OSError as exc:
-        raise DriverGateUnavailable(f"cannot create {directory}: {exc.strerror}") from None
-    except NativeGateUnavailable as exc:
-        raise DriverGateUnavailable(str(exc)) from None
-    target = directory / library_name(includes)
-    if target.exists():
-        return target
-    with build_lock(directory, "the driver-level gate") as held:
-        if target.exists():
-            return target
-        if not held:
-            raise DriverGateUnavailable(f"another process holds the build lock of {directory}")
-        if not quiet:
-            print(f"gpreempt: building the driver-level gate in {directory}", file=sys.stderr)
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [
+
+    def command(output: Path) -> list[str]:
+        return [
             compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-            *[f"-I{d}" for d in includes], *map(str, SOURCES), "-o", str(partial),
+            *[f"-I{d}" for d in includes], *map(str, SOURCES), "-o", str(output),
             f"-L{cupti}", _link_flag(cupti, "cupti"), f"-Wl,-rpath,{cupti}",
             "-ldl", "-lpthread", "-Wl,-z,defs",
         ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            (directory / "build.log").write_text(" ".join(command) + "\n" + result.stderr)
-            raise DriverGateUnavailable(
-                f"compiling the driver-level gate failed; see {directory / 'build.log'}"
-            )
-        os.replace(partial, target)
-        return target
+
+    try:  # the library runs in every process of the user's commands
+        return compile_library(
+            cache_root().parent / "driver_gate",
+            library_name(includes),
+            command,
+            "the driver-level gate",
+            announce=not quiet,
+        )
+    except NativeGateUnavailable as exc:
+        raise DriverGateUnavailable(str(exc)) from None
 
 
 def main() -> int:
