@@ -178,3 +178,16 @@ def test_a_quiet_block_leaves_the_ring_of_a_raise_to_the_helper(block) -> None:
     _rang(block)
     scopes.enter(True)  # not quiet any more: at once
     assert _rang(block) and scopes.deferred == 1
+
+
+def test_a_compiler_that_cannot_run_is_said_in_one_line(monkeypatch, tmp_path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    compiler = bin_dir / "cxx"
+    compiler.write_bytes(b"\x7fELF not really")  # executable, and no program the kernel runs
+    compiler.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPREEMPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "cxx")
+    with pytest.raises(ScopesUnavailable, match="cannot run .*cxx for the request counter"):
+        build()

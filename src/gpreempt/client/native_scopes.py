@@ -80,6 +80,8 @@ _library: Any = None
 
 def _load() -> Any:
     global _library
+    if _library is not None:  # (a forked child may find the lock held by a thread it lost)
+        return _library
     with _lock:
         if _library is None:
             try:

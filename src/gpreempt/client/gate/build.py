@@ -158,7 +158,10 @@ def compile_library(
             print(f"gpreempt: building {what} in {directory}", file=sys.stderr)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
         argv = command(partial)
-        result = subprocess.run(argv, capture_output=True, text=True)
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True)
+        except OSError as exc:  # a compiler on PATH that cannot run
+            raise NativeGateUnavailable(f"cannot run {argv[0]} for {what}: {exc}") from None
         if result.returncode != 0:
             (directory / "build.log").write_text(" ".join(argv) + "\n" + result.stderr)
             raise NativeGateUnavailable(f"compiling {what} failed; see {directory / 'build.log'}")
