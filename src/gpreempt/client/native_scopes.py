@@ -113,6 +113,8 @@ class NativeScopes:
         lib = _load()
         self.seconds = linger_s
         self._handle = lib.gpreempt_scopes_open(address, doorbell, linger_s)
+        if not self._handle:
+            raise ScopesUnavailable("the request counter could not be made (out of memory)")
         self._enter = lib.gpreempt_scopes_enter
         self._exit = lib.gpreempt_scopes_exit
         self._stat = lib.gpreempt_scopes_stat

@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "gate_words.h"
@@ -133,10 +134,14 @@ extern "C" {
 
 // A counter of scopes for the control block mapped at `block` (kept mapped for the process's
 // life), its doorbell, and a linger of `linger_s` seconds (0: the word drops when the last scope
-// closes). Never freed: the helper thread lives as long as the process.
+// closes). Never freed: the helper thread lives as long as the process. Null where it cannot be
+// made (no memory); a helper thread that cannot start leaves it without a linger.
 __attribute__((visibility("default"))) void* gpreempt_scopes_open(uintptr_t block, int doorbell,
                                                                   double linger_s) {
-  auto* s = new Scopes();
+  auto* s = new (std::nothrow) Scopes();
+  if (s == nullptr) {
+    return nullptr;
+  }
   s->block = reinterpret_cast<uint8_t*>(block);
   s->doorbell = doorbell;
   s->linger_ns = static_cast<int64_t>(linger_s * 1e9);
@@ -145,8 +150,12 @@ __attribute__((visibility("default"))) void* gpreempt_scopes_open(uintptr_t bloc
                                            : s->linger_ns;
   s->last_busy = now_ns();
   if (s->linger_ns > 0) {
-    s->helper_runs = true;
-    std::thread(run, s).detach();
+    try {
+      std::thread(run, s).detach();
+      s->helper_runs = true;
+    } catch (...) {  // no exception may cross into the caller (ctypes)
+      s->linger_ns = 0;  // nobody could drop the word later: it drops when the last scope ends
+    }
   }
   return s;
 }
