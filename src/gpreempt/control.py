@@ -78,7 +78,7 @@ offset  type   meaning
 136     u32    quiet: 1 while every task this one outranks holds itself on this
                task's words (its gate watches them): a request that raises the
                ``requests`` word may leave the doorbell to the process's request
-               counter's helper, a tick later, instead of ringing it (daemon)
+               counter's helper, at most 0.25 ms later, instead of ringing it (daemon)
 140     u32    (unused)
 ======  =====  ==================================================================
 """

@@ -1,13 +1,13 @@
 """Counting a process's open ``request()`` scopes in native code (``csrc/request_scopes.cpp``).
 
 A request that ends with the Python linger (:mod:`.linger`) wakes its helper thread, which then
-needs the interpreter lock while the server prepares its next request: that cost the server
-10-30 us of CPU a request (``docs/servers.md``, "What a mark costs"). The native counter's
-helper never takes the lock and polls while requests are open or lingering, so ending a request
-writes a deadline and wakes nobody. The first request of a busy period raises the word and
-rings the daemon, unless the daemon said that every task this process outranks holds itself on
-that word (the block's ``quiet``): then the helper rings it at its next poll, at most 0.25 ms
-later, and the request pays for no wake-up at all.
+needs the interpreter lock while the server prepares its next request: that costs the server
+12-23 us of CPU at each end (``docs/servers.md``, "What a mark costs"). The native counter's
+helper never takes the lock; it sleeps through most of a request and polls near its end, so
+ending a request writes a deadline and wakes nobody. The first request of a busy period raises
+the word and rings the daemon, unless the daemon said that every task this process outranks
+holds itself on that word (the block's ``quiet``): then the helper rings it at its next poll,
+at most 0.25 ms later, and the request pays for no wake-up at all.
 
 The library is plain C++ with no dependencies, compiled once per user and source (under a
 second with g++) into the same cache as the gates (:func:`gpreempt.client.gate.build.cache_root`,
