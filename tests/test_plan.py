@@ -223,7 +223,7 @@ def test_a_task_is_quiet_only_while_every_task_it_outranks_holds_itself_on_its_w
     partial = [peer(2, watching=((1, 1),), watch_version=4), full[1]]
     result = plan(snapshot, decide_hpf(snapshot), told, partial, SETTINGS, watches=False)
     assert result.quiet == ((1, False),)
-    # a list sent but not yet mapped anywhere (version 0) holds nothing
+    # a connection sent no list yet (version 0) reads none of the words
     unsent = [peer(2, watching=((1, 1), (1, 9)), watch_version=0), full[1]]
     result = plan(snapshot, decide_hpf(snapshot), told, unsent, SETTINGS, watches=False)
     assert result.quiet == ((1, False),)
