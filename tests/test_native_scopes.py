@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gpreempt.client.native_scopes import NativeScopes, ScopesUnavailable, build
+from gpreempt.client.gate.scopes_build import ScopesUnavailable, build
+from gpreempt.client.native_scopes import NativeScopes
 from gpreempt.control_block import ControlBlock
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")

@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..client.gate.scopes_build import build_ahead
     from ..client.launcher import Launcher
-    from ..client.native_scopes import build_ahead
     from ..config import idle_grace_ms, request_linger_ms, request_warm
 
     idle_grace_ms(), request_linger_ms(), request_warm()  # a bad setting fails here, not in CMD

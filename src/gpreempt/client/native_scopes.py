@@ -9,70 +9,19 @@ the word and rings the daemon, unless the daemon said that every task this proce
 holds itself on that word (the block's ``quiet``): then the helper rings it at its next poll,
 at most 0.25 ms later, and the request pays for no wake-up at all.
 
-The library is plain C++ with no dependencies, compiled once per user and source (under a
-second with g++) into the same cache as the gates (:func:`gpreempt.client.gate.build.cache_root`,
-its build lock and its ownership check). ``gpreempt run`` builds it before it starts the
-command; a process that cannot build or load it keeps the Python linger. Build it ahead of time
-(a container image) with ``python -m gpreempt.client.native_scopes``.
+It is built once per user (:mod:`.gate.scopes_build`, which this module imports only when it
+first loads the library, so that ``python -m`` runs that module cleanly); a process that cannot
+build or load it keeps the Python linger (:func:`open_scopes` gives None).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
-import os
-import shutil
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
-from .gate.build import CSRC, NativeGateUnavailable, cache_root, compile_library
-
-SOURCE = CSRC / "request_scopes.cpp"
-HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
-LIBRARY_PREFIX = "libgpreempt_scopes_"
-
-
-class ScopesUnavailable(RuntimeError):
-    """The native counter cannot be built or loaded here; the message says why, in one line."""
-
-
-def library_name() -> str:
-    digest = hashlib.sha256()
-    for path in (SOURCE, *HEADERS):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
-
-
-def build() -> Path:
-    """The built library (compiled now if not cached); raises ScopesUnavailable."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise ScopesUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
-
-    def command(output: Path) -> list[str]:
-        return [
-            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-            f"-I{CSRC}", str(SOURCE), "-o", str(output), "-lpthread", "-Wl,-z,defs",
-        ]  # fmt: skip
-
-    try:  # the library runs in every process that marks requests
-        return compile_library(
-            cache_root().parent / "request_scopes", library_name(), command, "the request counter"
-        )
-    except NativeGateUnavailable as exc:
-        raise ScopesUnavailable(str(exc)) from None
-
-
-def build_ahead() -> None:
-    """Build the library now if it can be (``gpreempt run``, before the command starts), so
-    that no request waits for the compiler; where it cannot, the Python linger counts."""
-    with contextlib.suppress(ScopesUnavailable):
-        build()
-
+from ..control_block import ControlBlock
+from .gate.build import NativeGateUnavailable
 
 _lock = threading.Lock()
 _library: Any = None
@@ -84,10 +33,12 @@ def _load() -> Any:
         return _library
     with _lock:
         if _library is None:
+            from .gate.scopes_build import build
+
             try:
                 lib = ctypes.PyDLL(str(build()))  # calls keep the interpreter lock: short ones
             except OSError as exc:
-                raise ScopesUnavailable(f"cannot load the request counter: {exc}") from None
+                raise NativeGateUnavailable(f"cannot load the request counter: {exc}") from None
             lib.gpreempt_scopes_open.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_double]
             lib.gpreempt_scopes_open.restype = ctypes.c_void_p
             lib.gpreempt_scopes_enter.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -114,7 +65,7 @@ class NativeScopes:
         self.seconds = linger_s
         self._handle = lib.gpreempt_scopes_open(address, doorbell, linger_s)
         if not self._handle:
-            raise ScopesUnavailable("the request counter could not be made (out of memory)")
+            raise NativeGateUnavailable("the request counter could not be made (out of memory)")
         self._enter = lib.gpreempt_scopes_enter
         self._exit = lib.gpreempt_scopes_exit
         self._stat = lib.gpreempt_scopes_stat
@@ -148,16 +99,12 @@ class NativeScopes:
         return int(self._stat(self._handle, 3))
 
 
-def main() -> int:
-    """Build the library now (``python -m gpreempt.client.native_scopes``)."""
+def open_scopes(control: ControlBlock, linger_s: float) -> NativeScopes | None:
+    """The native request counter of ``control``, which then stays mapped for the process's
+    life (the counter's helper thread writes it); None where it cannot be built or loaded."""
     try:
-        path = build()
-    except ScopesUnavailable as exc:
-        print(f"gpreempt: {exc}", file=sys.stderr)
-        return 1
-    print(f"gpreempt: request counter ready: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        scopes = NativeScopes(control.address, control.doorbell, linger_s)
+    except NativeGateUnavailable:
+        return None
+    control.keep_mapped()
+    return scopes

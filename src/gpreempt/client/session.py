@@ -30,7 +30,7 @@ from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
 from .linger import Linger
-from .native_scopes import NativeScopes, ScopesUnavailable
+from .native_scopes import open_scopes
 from .ranks import rank_gpu
 from .stranded import WatchedBlock, block_key, free_stranded
 
@@ -77,7 +77,7 @@ class Session:
         self.linger = Linger(linger_s, lambda: self.control.set_requests(0), self._lock)
         #: The same, counted in native code where it builds (:mod:`.native_scopes`): ending a
         #: request then wakes no thread. None: the Python linger counts them.
-        self.scopes = _native_scopes(control, linger_s)
+        self.scopes = open_scopes(control, linger_s)
         #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`);
         #: off unless ``GPREEMPT_REQUEST_WARM=1``.
         self.warm_requests = request_warm() if warm is None else warm
@@ -273,17 +273,6 @@ class Session:
                 self.linger.arm()
             else:
                 self.control.set_requests(0)
-
-
-def _native_scopes(control: ControlBlock, linger_s: float) -> NativeScopes | None:
-    """The native request counter of ``control``, which then stays mapped for the process's
-    life (its helper thread writes it); None where it cannot be built or loaded."""
-    try:
-        scopes = NativeScopes(control.address, control.doorbell, linger_s)
-    except ScopesUnavailable:
-        return None
-    control.keep_mapped()
-    return scopes
 
 
 _session: Session | None = None

@@ -307,15 +307,26 @@ def load_native(*, verbose: bool = False) -> ModuleType:
     return module
 
 
-def main() -> int:
-    """Build the extension now (``python -m gpreempt.client.gate.build``)."""
+def report_build(make: Callable[[], object], what: str, error: type[Exception]) -> int:
+    """Run a build for ``python -m``: say where ``what`` is ready (exit 0), or why it cannot
+    be, in one line (exit 1)."""
     try:
-        module = load_native(verbose="-v" in sys.argv[1:])
-    except NativeGateUnavailable as exc:
+        built = make()
+    except error as exc:
         print(f"gpreempt: {exc}", file=sys.stderr)
         return 1
-    print(f"gpreempt: launch gate extension ready: {module.__file__}")
+    print(f"gpreempt: {what} ready: {built}")
     return 0
+
+
+def main() -> int:
+    """Build the extension now (``python -m gpreempt.client.gate.build``)."""
+    verbose = "-v" in sys.argv[1:]
+    return report_build(
+        lambda: load_native(verbose=verbose).__file__,
+        "launch gate extension",
+        NativeGateUnavailable,
+    )
 
 
 if __name__ == "__main__":

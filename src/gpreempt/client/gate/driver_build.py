@@ -18,11 +18,10 @@ import glob
 import hashlib
 import os
 import shutil
-import sys
 import sysconfig
 from pathlib import Path
 
-from .build import NativeGateUnavailable, cache_root, compile_library
+from .build import NativeGateUnavailable, cache_root, compile_library, report_build
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
@@ -133,13 +132,7 @@ def build(*, quiet: bool = True) -> Path:
 
 def main() -> int:
     """Build the library now (``python -m gpreempt.client.gate.driver_build``)."""
-    try:
-        path = build(quiet=False)
-    except DriverGateUnavailable as exc:
-        print(f"gpreempt: {exc}", file=sys.stderr)
-        return 1
-    print(f"gpreempt: driver-level gate ready: {path}")
-    return 0
+    return report_build(lambda: build(quiet=False), "driver-level gate", DriverGateUnavailable)
 
 
 if __name__ == "__main__":

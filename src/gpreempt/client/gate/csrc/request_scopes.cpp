@@ -68,7 +68,7 @@ struct Scopes {
   uint64_t bridged = 0;   // requests that opened while the word still lingered
   uint64_t wakes = 0;     // times a closing scope had to wake the helper
   uint64_t deferred = 0;  // raises whose ring the helper did
-  bool helper_runs = false;  // no helper without a linger: every raise rings at once
+  bool helper_runs = false;  // started by the first scope (none without a linger)
 };
 
 std::chrono::steady_clock::time_point at(int64_t ns) {
@@ -83,6 +83,23 @@ int64_t poll_from(const Scopes* s) {
     shortest = length > 0 && length < shortest ? length : shortest;
   }
   return shortest == kNever ? s->open_since : s->open_since + shortest - 2 * s->tick_ns;
+}
+
+void run(Scopes* s);
+
+// Starts the helper for the first scope, so that a process that never opens one (a trainer)
+// has no thread for it. Called with the mutex held.
+void start_helper(Scopes* s) {
+  if (s->helper_runs || s->linger_ns == 0) {
+    return;
+  }
+  try {
+    std::thread(run, s).detach();
+    s->helper_runs = true;
+    s->last_busy = now_ns();
+  } catch (...) {  // no exception may cross into the caller (ctypes)
+    s->linger_ns = 0;  // nobody could drop the word later: it drops when the last scope ends
+  }
 }
 
 void run(Scopes* s) {
@@ -134,8 +151,9 @@ extern "C" {
 
 // A counter of scopes for the control block mapped at `block` (kept mapped for the process's
 // life), its doorbell, and a linger of `linger_s` seconds (0: the word drops when the last scope
-// closes). Never freed: the helper thread lives as long as the process. Null where it cannot be
-// made (no memory); a helper thread that cannot start leaves it without a linger.
+// closes). Never freed: the helper thread, started by the first scope, lives as long as the
+// process. Null where it cannot be made (no memory); a helper thread that cannot start leaves it
+// without a linger.
 __attribute__((visibility("default"))) void* gpreempt_scopes_open(uintptr_t block, int doorbell,
                                                                   double linger_s) {
   auto* s = new (std::nothrow) Scopes();
@@ -148,15 +166,6 @@ __attribute__((visibility("default"))) void* gpreempt_scopes_open(uintptr_t bloc
   s->tick_ns = s->linger_ns < kMinTickNs   ? kMinTickNs
                : s->linger_ns > kMaxTickNs ? kMaxTickNs
                                            : s->linger_ns;
-  s->last_busy = now_ns();
-  if (s->linger_ns > 0) {
-    try {
-      std::thread(run, s).detach();
-      s->helper_runs = true;
-    } catch (...) {  // no exception may cross into the caller (ctypes)
-      s->linger_ns = 0;  // nobody could drop the word later: it drops when the last scope ends
-    }
-  }
   return s;
 }
 
@@ -169,6 +178,7 @@ __attribute__((visibility("default"))) int gpreempt_scopes_enter(void* handle, i
   bool quiet = false;
   {
     std::lock_guard<std::mutex> lock(s->mu);
+    start_helper(s);
     if (++s->open == 1) {
       s->open_since = now_ns();
       if (s->deadline != 0) {

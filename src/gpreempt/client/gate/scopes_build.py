@@ -1,0 +1,72 @@
+"""Building the native request counter (``csrc/request_scopes.cpp``, used by
+:mod:`gpreempt.client.native_scopes`).
+
+The library is plain C++ with no dependencies, compiled once per user and source (under a
+second with g++) into the same cache as the gates (:func:`.build.cache_root`), under their build
+lock and ownership check (:func:`.build.compile_library`). ``gpreempt run`` builds it before it
+starts the command (:func:`build_ahead`); a process that cannot build or load it keeps the
+Python linger. Build it ahead of time (a container image) with
+``python -m gpreempt.client.gate.scopes_build``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from .build import CSRC, NativeGateUnavailable, cache_root, compile_library, report_build
+
+SOURCE = CSRC / "request_scopes.cpp"
+HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
+LIBRARY_PREFIX = "libgpreempt_scopes_"
+
+
+class ScopesUnavailable(NativeGateUnavailable):
+    """The native counter cannot be built or loaded here; the message says why, in one line."""
+
+
+def library_name() -> str:
+    digest = hashlib.sha256()
+    for path in (SOURCE, *HEADERS):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """The built library (compiled now if not cached); raises ScopesUnavailable."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise ScopesUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+
+    def command(output: Path) -> list[str]:
+        return [
+            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+            f"-I{CSRC}", str(SOURCE), "-o", str(output), "-lpthread", "-Wl,-z,defs",
+        ]  # fmt: skip
+
+    try:  # the library runs in every process that marks requests
+        return compile_library(
+            cache_root().parent / "request_scopes", library_name(), command, "the request counter"
+        )
+    except NativeGateUnavailable as exc:
+        raise ScopesUnavailable(str(exc)) from None
+
+
+def build_ahead() -> None:
+    """Build the library now if it can be (``gpreempt run``, before the command starts), so
+    that no request waits for the compiler; where it cannot, the Python linger counts."""
+    with contextlib.suppress(ScopesUnavailable):
+        build()
+
+
+def main() -> int:
+    """Build the library now (``python -m gpreempt.client.gate.scopes_build``)."""
+    return report_build(build, "request counter", ScopesUnavailable)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
