@@ -41,24 +41,20 @@ def test_a_scope_that_does_not_hint_adds_to_automatic_activity() -> None:
 def test_a_hinting_scope_inside_one_that_does_not_still_hints() -> None:
     """request() entered while a generate call's mark is open: the count stays raised, and
     from then on the process's requests alone count."""
-    import threading
     import types
 
-    from gpreempt.client.linger import Linger
+    from gpreempt.client.linger import PythonScopes
     from gpreempt.client.session import Session
 
     block = ControlBlock.create()
-    lock = threading.Lock()
     # the Python count (test_native_scopes.py: the native one)
-    current = types.SimpleNamespace(
-        _lock=lock, _requests=0, control=block, warm_requests=False, gate=None,
-        linger=Linger(0.0, lambda: block.set_requests(0), lock), scopes=None,
-    )  # fmt: skip
+    scopes = PythonScopes(block, 0.0)
+    current = types.SimpleNamespace(scopes=scopes, warm_requests=False, gate=None)
     try:
         Session.enter_request(current, hint=False)  # type: ignore[arg-type]
         assert block.is_active() and not block.hinted
         Session.enter_request(current)  # type: ignore[arg-type]
-        assert block.hinted and current._requests == 2
+        assert block.hinted and scopes.open == 2
         Session.exit_request(current)  # type: ignore[arg-type]
         Session.exit_request(current)  # type: ignore[arg-type]
         block.set_auto_active(True)

@@ -146,10 +146,10 @@ _SERVER = textwrap.dedent(
         with gpreempt.request():
             pass
     quiet(1.0)
-    counter = current.linger if current.scopes is None else current.scopes
+    counter = current.scopes
     print(json.dumps({"right_after": right_after, "later": later, "last": word(),
                       "bridged": counter.bridged, "releases": counter.releases,
-                      "native": current.scopes is not None}))
+                      "native": type(counter).__name__ == "NativeScopes"}))
     """
 )
 

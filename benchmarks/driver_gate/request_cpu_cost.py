@@ -74,7 +74,7 @@ def serve(mode: str, pattern: str, requests: int, work_ms: float) -> dict[str, f
         leave.append(t3 - t2)
     current = gpreempt.client.session.current()
     return {
-        "native": current is not None and current.scopes is not None,
+        "native": current is not None and type(current.scopes).__name__ == "NativeScopes",
         "enter_us": statistics.median(enter) * 1e6,
         "work_us": statistics.median(inside) * 1e6,
         "exit_us": statistics.median(leave) * 1e6,

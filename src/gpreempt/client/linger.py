@@ -14,6 +14,9 @@ deadline instead of 50 us (the default slack) late. It needs the interpreter loc
 the word, so while another thread of the process runs Python code without pause, the drop can
 come up to the interpreter's switch interval (5 ms) late: less important tasks then wait that
 much longer, and the process's own requests are never delayed.
+
+:class:`PythonScopes` counts a process's open ``request()`` scopes with it, where the native
+counter (:mod:`.native_scopes`), which wakes no thread at a request's end, cannot be built.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..control_block import ControlBlock
 
 #: ``prctl(PR_SET_TIMERSLACK, ns)``: how late the kernel may wake this thread's timed waits.
 _PR_SET_TIMERSLACK = 29
@@ -90,3 +97,50 @@ class Linger:
                     self._release()
                 except (ValueError, OSError):
                     return  # the block was closed (the process is shutting down)
+
+
+class PythonScopes:
+    """The open request scopes of one control block, counted in Python, and their linger: the
+    interface of :class:`.native_scopes.NativeScopes`, for a process that cannot build it."""
+
+    def __init__(self, control: ControlBlock, seconds: float) -> None:
+        self._control = control
+        self._lock = threading.Lock()
+        self._open = 0
+        self.linger = Linger(seconds, lambda: control.set_requests(0), self._lock)
+        self.seconds = seconds
+
+    def enter(self, hint: bool) -> bool:
+        """A scope opens; True if it raised the ``requests`` word (nothing held it raised)."""
+        with self._lock:
+            self._open += 1
+            raised = self._open == 1 and not self.linger.cancel()
+            if raised or (hint and not self._control.hinted):
+                self._control.set_requests(1, hint)
+        return raised
+
+    def exit(self) -> None:
+        """A scope closes; the last one lets the word drop after the linger."""
+        with self._lock:
+            self._open -= 1
+            if self._open > 0:
+                return
+            if self.seconds > 0:
+                self.linger.arm()
+            else:
+                self._control.set_requests(0)
+
+    @property
+    def open(self) -> int:
+        """Scopes open now."""
+        return self._open
+
+    @property
+    def releases(self) -> int:
+        """Drops after a linger."""
+        return self.linger.releases
+
+    @property
+    def bridged(self) -> int:
+        """Requests that opened while the word still lingered."""
+        return self.linger.bridged

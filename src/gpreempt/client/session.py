@@ -29,8 +29,8 @@ from ..control_block import ControlBlock
 from ..errors import DaemonUnavailable, GpreemptError, UsageError
 from ..protocol import ProtocolError
 from .connection import DaemonClient
-from .linger import Linger
-from .native_scopes import open_scopes
+from .linger import PythonScopes
+from .native_scopes import NativeScopes, open_scopes
 from .ranks import rank_gpu
 from .stranded import WatchedBlock, block_key, free_stranded
 
@@ -70,14 +70,13 @@ class Session:
         self.barriers: StreamBarriers | None = None
         #: Whether the driver-level gate took this session's block (:meth:`use_driver_gate`).
         self.driver_gate = False
-        self._requests = 0
-        self._lock = threading.Lock()
         linger_s = (request_linger_ms() if linger_ms is None else linger_ms) / 1e3
-        #: Requests stay raised this long after the last one ends (:mod:`.linger`).
-        self.linger = Linger(linger_s, lambda: self.control.set_requests(0), self._lock)
-        #: The same, counted in native code where it builds (:mod:`.native_scopes`): ending a
-        #: request then wakes no thread. None: the Python linger counts them.
-        self.scopes = open_scopes(control, linger_s)
+        #: The open request scopes; the word stays raised ``linger_s`` after the last one ends.
+        #: Counted in native code where it builds (:mod:`.native_scopes`: ending a request then
+        #: wakes no thread), else in Python (:mod:`.linger`).
+        self.scopes: NativeScopes | PythonScopes = open_scopes(control, linger_s) or PythonScopes(
+            control, linger_s
+        )
         #: Entering a request (not one bridged by the linger) warms the GPU (:meth:`Gate.warm`);
         #: off unless ``GPREEMPT_REQUEST_WARM=1``.
         self.warm_requests = request_warm() if warm is None else warm
@@ -249,30 +248,11 @@ class Session:
 
     def enter_request(self, hint: bool = True) -> None:
         """One more open request scope; ``hint``: see :meth:`ControlBlock.set_requests`."""
-        if self.scopes is not None:
-            if self.scopes.enter(hint) and self.warm_requests and self.gate is not None:
-                self.gate.warm()
-            return
-        with self._lock:
-            self._requests += 1
-            raised = self._requests == 1 and not self.linger.cancel()
-            if raised or (hint and not self.control.hinted):
-                self.control.set_requests(1, hint)
-        if raised and self.warm_requests and self.gate is not None:
+        if self.scopes.enter(hint) and self.warm_requests and self.gate is not None:
             self.gate.warm()
 
     def exit_request(self) -> None:
-        if self.scopes is not None:
-            self.scopes.exit()
-            return
-        with self._lock:
-            self._requests -= 1
-            if self._requests > 0:
-                return
-            if self.linger.seconds > 0:
-                self.linger.arm()
-            else:
-                self.control.set_requests(0)
+        self.scopes.exit()
 
 
 _session: Session | None = None
