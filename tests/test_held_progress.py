@@ -168,12 +168,38 @@ def test_the_gpus_clocks_while_the_slow_requests_ran(tmp_path: Path, capsys):
     assert _load().main(["--json", "--clocks", str(clocks), str(tmp_path / "run")]) == 0
     (r,) = json.loads(capsys.readouterr().out).values()
     assert r["clocks"]["slow"] == {
-        "samples": 6, "sm_mhz_p50": 1200, "sm_mhz_min": 1200, "reasons": [4]}  # fmt: skip
-    assert r["clocks"]["other"]["sm_mhz_min"] == 1980 and r["clocks"]["other"]["reasons"] == [0]
-    assert r["clocks"]["other"]["samples"] == 9 * 2
+        "samples": 6, "sm_mhz_p50": 1200, "sm_mhz_min": 1200, "power_w_p50": 300,
+        "reasons": [4]}  # fmt: skip
+    idle = r["clocks"]["found idle"]
+    assert idle["sm_mhz_min"] == 1980 and idle["reasons"] == [0] and idle["samples"] == 9 * 2
+    assert r["clocks"]["queued"]["samples"] == 0  # every request came 4 ms after the one before
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "the slow requests ran: 6 samples, SM clock median 1200 MHz" in out
+
+
+def test_the_gpus_clock_and_power_while_the_queued_requests_ran(tmp_path: Path):
+    """The eighth request, due before the seventh ended, queued (the trainer held all along):
+    the samples taken while it ran (at 1800 MHz, 650 W) count for the queued requests, apart
+    from those taken while the others found the server idle (1980 MHz, 300 W)."""
+    server = _slow_run(tmp_path / "run")
+    server["scheduled"] = [*server["start"][:7], server["start"][6] + 0.0005, *server["start"][8:]]
+    (tmp_path / "run" / "case-a.json").write_text(json.dumps(server))
+    queued = (server["start"][7], server["end"][7])
+    rows = []
+    for k in range(90):
+        t = 9.99525 + 0.0005 * k
+        mhz, mw = (1800, 650000) if queued[0] <= t <= queued[1] else (1980, 300000)
+        rows.append(json.dumps([t, mhz, mw, 40, 0, 50]))
+    clocks = tmp_path / "clocks.jsonl"
+    clocks.write_text("\n".join(rows) + "\n")
+    r = _load().summary(tmp_path / "run", clocks=_load().read_clocks(clocks))["clocks"]
+    assert (r["queued"]["samples"], r["queued"]["sm_mhz_p50"], r["queued"]["power_w_p50"]) == (
+        2,
+        1800,
+        650,
+    )
+    assert (r["found idle"]["sm_mhz_min"], r["found idle"]["power_w_p50"]) == (1980, 300)
 
 
 def test_a_slow_requests_gpu_span_tells_a_shared_gpu_from_a_late_start(tmp_path: Path, capsys):
@@ -225,11 +251,12 @@ def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
     assert host["slow"]["steal_ms_per_s"] == pytest.approx(120.0)
     assert host["slow"]["throttled_ms_per_s"] == pytest.approx(60.0)
     assert host["slow"]["sampler_period_ms_p50"] == pytest.approx(1.0)
-    assert host["other"]["runnable_p50"] == 2 and host["other"]["cpu_wait_share"] == 0
-    assert host["other"]["sampler_period_ms_p50"] == pytest.approx(0.5)
-    assert (host["slow"]["sleep_late_ms_p50"], host["other"]["sleep_late_ms_p50"]) == (2.0, 0.05)
-    assert (host["slow"]["nvml_read_ms_p50"], host["other"]["nvml_read_ms_p50"]) == (0.5, 0.2)
-    assert (host["slow"]["cpu_probe_us_p50"], host["other"]["cpu_probe_us_p50"]) == (40, 20)
+    other = host["found idle"]
+    assert other["runnable_p50"] == 2 and other["cpu_wait_share"] == 0
+    assert other["sampler_period_ms_p50"] == pytest.approx(0.5)
+    assert (host["slow"]["sleep_late_ms_p50"], other["sleep_late_ms_p50"]) == (2.0, 0.05)
+    assert (host["slow"]["nvml_read_ms_p50"], other["nvml_read_ms_p50"]) == (0.5, 0.2)
+    assert (host["slow"]["cpu_probe_us_p50"], other["cpu_probe_us_p50"]) == (40, 20)
     assert _load().main(["--clocks", str(clocks), str(tmp_path / "run")]) == 0
     assert (
         "slow requests ran: 3 samples, runnable tasks median 20, some task waiting for a "
@@ -240,7 +267,8 @@ def test_the_hosts_cpu_while_the_slow_requests_ran(tmp_path: Path, capsys):
     alone.mkdir()
     (alone / "case-a.json").write_text((tmp_path / "run" / "case-a.json").read_text())
     r = _load().summary(alone, clocks=_load().read_clocks(clocks))
-    assert r["slow"]["slow"] >= 1 and r["host"] == host and "active_share" not in r
+    assert r["slow"]["slow"] >= 1 and "active_share" not in r
+    assert json.dumps(r["host"]) == json.dumps(host)  # (no queued request: NaN, which != NaN)
     assert _load().main(["--clocks", str(clocks), str(alone)]) == 0
     out = capsys.readouterr().out
     assert "requests over" in out and "trainer" not in out and "host while the slow" in out

@@ -24,12 +24,14 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
 * how long each of the daemon's suspend calls took (its own CPU time, no GPU) during the slow
   requests, against the others: a call that took longer beside a slow request says the
   machine's CPUs were slow to run the daemon then, not only the GPU slow to serve the server;
-* with ``--clocks FILE`` (``gpu_clocks.py``'s samples over the run), the GPU's SM clock and
-  its clock-event reasons while the slow requests ran, against the other requests: a slow
-  request at full clock, no reason given, met other work, not a slower GPU; and the host's
-  runnable tasks, the share of the time some task waited for a CPU and the CPU time stolen by
-  the hypervisor, for the same split, and the sampler's own timings (its period, how late its
-  sleep woke, its NVML reads, a fixed piece of CPU work).
+* with ``--clocks FILE`` (``gpu_clocks.py``'s samples over the run), the GPU's SM clock, its
+  power and its clock-event reasons while the slow requests ran, against the others that
+  found the server idle and those that queued: a slow request at full clock, no reason given,
+  met other work, not a slower GPU, and a queued request served slower than alone at a lower
+  clock ran on a GPU the trainer's earlier work left slower, not beside that work; and the
+  host's runnable tasks, the share of the time some task waited for a CPU and the CPU time
+  stolen by the hypervisor, for the same split, and the sampler's own timings (its period, how
+  late its sleep woke, its NVML reads, a fixed piece of CPU work).
 
 Without ``events.jsonl`` (a run kept without it), or without a trainer (the server's runs
 alone, ``a-alone``, read for their slow requests and the host beside them), only the slow
@@ -113,17 +115,24 @@ def slow_stretches(
             "longest_request_ms": max(service, default=0.0)}  # fmt: skip
 
 
-def gpu_spans(server: dict[str, Any], slow: list[int]) -> dict[str, Any]:
-    """For the slow requests, the others that found the server idle and the others that
-    queued: how many, the median of their GPU spans (``gpu_ms``) and of the rest of their
-    service, the time outside the span (ms). A request that found the server idle meets a
-    trainer's work in flight: outside its span if it waited for that work to leave the GPU,
-    inside if the work shared the GPU with it (or left it colder)."""
-    service, spans = scenario_metrics.a_service_ms(server), server["gpu_ms"]
+def request_kinds(server: dict[str, Any], slow: list[int], count: int) -> dict[str, list[int]]:
+    """The indices of the first ``count`` requests: the slow ones, the others that found the
+    server idle (a trainer's work in flight, the GPU's switch) and the others that queued
+    behind the one before (the trainer held all along)."""
     idle = scenario_metrics.found_idle(server)
-    rows = _split(min(len(service), len(spans), len(idle)), slow)
+    rows = _split(min(count, len(idle)), slow)
     rows["found idle"] = [i for i in rows["other"] if idle[i]]
     rows["queued"] = [i for i in rows.pop("other") if not idle[i]]
+    return rows
+
+
+def gpu_spans(server: dict[str, Any], slow: list[int]) -> dict[str, Any]:
+    """For each of :func:`request_kinds`: how many, the median of their GPU spans (``gpu_ms``)
+    and of the rest of their service, the time outside the span (ms). A request that found the
+    server idle meets a trainer's work in flight: outside its span if it waited for that work
+    to leave the GPU, inside if the work shared the GPU with it (or left it colder)."""
+    service, spans = scenario_metrics.a_service_ms(server), server["gpu_ms"]
+    rows = request_kinds(server, slow, min(len(service), len(spans)))
     return {
         kind: {
             "n": len(chosen),
@@ -148,30 +157,35 @@ def read_clocks(path: Path) -> list[list[float]]:
 def _samples_during(
     server: dict[str, Any], samples: list[list[Any]], slow: list[int]
 ) -> dict[str, list[int]]:
-    """The indices of the samples (by time) taken while a slow request ran, and while another
-    did; those taken between requests in neither."""
+    """The indices of the samples (by time) taken while a request of each of
+    :func:`request_kinds` ran; those taken between requests in none. The queued requests ran
+    while the trainer was held: a GPU slower for them than alone (a lower clock, less power
+    left) is no work of the trainer's."""
     s, e = server["start"], server["end"]
-    starts = sorted(range(min(len(s), len(e))), key=lambda i: s[i])
+    count = min(len(s), len(e))
+    kind_of = {i: kind for kind, rows in request_kinds(server, slow, count).items() for i in rows}
+    starts = sorted(range(count), key=lambda i: s[i])
     begins = [s[i] for i in starts]
-    marked = set(slow)
-    found: dict[str, list[int]] = {"slow": [], "other": []}
+    found: dict[str, list[int]] = {"slow": [], "found idle": [], "queued": []}
     for k, sample in enumerate(samples):
         j = bisect.bisect_right(begins, sample[0]) - 1  # the last request started by then
-        if j >= 0 and sample[0] <= e[starts[j]]:
-            found["slow" if starts[j] in marked else "other"].append(k)
+        if j >= 0 and sample[0] <= e[starts[j]] and starts[j] in kind_of:
+            found[kind_of[starts[j]]].append(k)
     return found
 
 
 def clocks_during(
     server: dict[str, Any], samples: list[list[float]], slow: list[int]
 ) -> dict[str, Any]:
-    """The samples taken while the slow requests ran and while the others did: how many, the
-    SM clock's median and lowest (MHz), the clock-event reasons seen (NVML's bitmask values)."""
+    """The samples taken while the requests of each kind ran (:func:`_samples_during`): how
+    many, the SM clock's median and lowest (MHz), the power's median (W, the driver's own
+    average) and the clock-event reasons seen (NVML's bitmask values)."""
     return {
         kind: {
             "samples": len(rows),
             "sm_mhz_p50": _q([samples[k][1] for k in rows], 0.5),
             "sm_mhz_min": min((samples[k][1] for k in rows), default=float("nan")),
+            "power_w_p50": _q([samples[k][2] / 1e3 for k in rows], 0.5),
             "reasons": sorted({int(samples[k][4]) for k in rows}),
         }
         for kind, rows in _samples_during(server, samples, slow).items()
@@ -474,8 +488,8 @@ def _print(r: dict[str, Any]) -> None:
               f"the rest of their service {g['outside_p50']:.2f} ms")  # fmt: skip
     for kind, c in r.get("clocks", {}).items():
         print(f"GPU while the {kind} requests ran: {c['samples']} samples, SM clock median "
-              f"{c['sm_mhz_p50']:g} MHz, lowest {c['sm_mhz_min']:g}, clock-event reasons "
-              f"{c['reasons']}")  # fmt: skip
+              f"{c['sm_mhz_p50']:g} MHz, lowest {c['sm_mhz_min']:g}, power median "
+              f"{c['power_w_p50']:g} W, clock-event reasons {c['reasons']}")  # fmt: skip
     host = r.get("host", {})
     for kind, h in host.items() if any(h["samples"] for h in host.values()) else ():
         print(f"host while the {kind} requests ran: {h['samples']} samples, runnable tasks "
