@@ -194,11 +194,8 @@ def test_the_gpus_clock_and_power_while_the_queued_requests_ran(tmp_path: Path):
     clocks = tmp_path / "clocks.jsonl"
     clocks.write_text("\n".join(rows) + "\n")
     r = _load().summary(tmp_path / "run", clocks=_load().read_clocks(clocks))["clocks"]
-    assert (r["queued"]["samples"], r["queued"]["sm_mhz_p50"], r["queued"]["power_w_p50"]) == (
-        2,
-        1800,
-        650,
-    )
+    q = r["queued"]
+    assert (q["samples"], q["sm_mhz_p50"], q["power_w_p50"]) == (2, 1800, 650)
     assert (r["found idle"]["sm_mhz_min"], r["found idle"]["power_w_p50"]) == (1980, 300)
 
 

@@ -107,6 +107,7 @@ _SERVER = textwrap.dedent(
     import json, os, sys, time
     import gpreempt
     from gpreempt.client import session
+    from gpreempt.client.native_scopes import NativeScopes
 
     current = session.current()
     word = lambda: current.control.stats().requests
@@ -149,7 +150,7 @@ _SERVER = textwrap.dedent(
     counter = current.scopes
     print(json.dumps({"right_after": right_after, "later": later, "last": word(),
                       "bridged": counter.bridged, "releases": counter.releases,
-                      "native": type(counter).__name__ == "NativeScopes"}))
+                      "native": isinstance(counter, NativeScopes)}))
     """
 )
 

@@ -54,6 +54,7 @@ def _work_for(seconds: float) -> Callable[[], None]:
 def serve(mode: str, pattern: str, requests: int, work_ms: float) -> dict[str, float]:
     """The stand-in server's loop (in the task's process): medians in microseconds."""
     import gpreempt
+    from gpreempt.client.native_scopes import NativeScopes
 
     mark = contextlib.nullcontext if mode == "noreq" else gpreempt.request
     work = _work_for(work_ms / 1e3)
@@ -74,7 +75,7 @@ def serve(mode: str, pattern: str, requests: int, work_ms: float) -> dict[str, f
         leave.append(t3 - t2)
     current = gpreempt.client.session.current()
     return {
-        "native": current is not None and type(current.scopes).__name__ == "NativeScopes",
+        "native": current is not None and isinstance(current.scopes, NativeScopes),
         "enter_us": statistics.median(enter) * 1e6,
         "work_us": statistics.median(inside) * 1e6,
         "exit_us": statistics.median(leave) * 1e6,
