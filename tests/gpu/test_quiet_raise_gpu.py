@@ -35,6 +35,7 @@ SERVER = r"""
 import json, pathlib, sys, time
 import gpreempt
 from gpreempt.client import session
+from gpreempt.client.native_scopes import NativeScopes
 go, seconds, out = pathlib.Path(sys.argv[1]), float(sys.argv[2]), pathlib.Path(sys.argv[3])
 while not go.exists():
     with gpreempt.request():
@@ -43,8 +44,8 @@ while not go.exists():
 with gpreempt.request():
     time.sleep(seconds)
 scopes = session.current().scopes
-out.write_text(json.dumps({"native": scopes is not None,
-                           "deferred": scopes.deferred if scopes else 0}))
+native = isinstance(scopes, NativeScopes)
+out.write_text(json.dumps({"native": native, "deferred": scopes.deferred if native else 0}))
 time.sleep(120)
 """
 
