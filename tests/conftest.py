@@ -138,6 +138,32 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
     return False
 
 
+def progress_count(path: Path) -> int:
+    """The count a GPU test's trainer writes after each step its GPU completed (0 before the
+    first)."""
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def stands_still_through_a_request(runtime_dir: Path, go: Path, progress: Path) -> tuple[int, dict]:
+    """Let the server start its two seconds of activity (it waits for ``go``) and check that
+    the task named ``trainer`` makes no GPU progress for 1.2 s of it (after 0.3 s for what ran
+    past its last barrier to complete), with no leak counted by its gate. Returns the count it
+    stood at and its ``status``."""
+    go.write_text("1")
+    time.sleep(0.3)
+    held_from = progress_count(progress)
+    time.sleep(1.2)
+    held_to = progress_count(progress)
+    task = task_named(runtime_dir, "trainer")
+    assert task is not None
+    assert held_to == held_from, (held_from, held_to, task)
+    assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
+    return held_to, task
+
+
 def process_state(pid: int) -> str:
     """One-letter state from /proc (T = stopped), or '' if gone."""
     try:

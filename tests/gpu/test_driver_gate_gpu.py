@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gpreempt, spawn, stop_all, wait_for
+from conftest import (
+    gpreempt,
+    progress_count,
+    spawn,
+    stands_still_through_a_request,
+    stop_all,
+    wait_for,
+)
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -27,17 +34,10 @@ pytestmark = [
 ]
 
 
-def _progress(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def _stands_still(path: Path, seconds: float = 0.2) -> bool:
-    before = _progress(path)
+    before = progress_count(path)
     time.sleep(seconds)
-    return _progress(path) == before
+    return progress_count(path) == before
 
 
 def _task(runtime_dir: Path, name: str) -> dict:
@@ -63,13 +63,13 @@ def kernel_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _held_and_resumed(runtime_dir: Path, progress: Path, command: list[str]) -> dict:
     proc = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
     try:
-        if not wait_for(lambda: _progress(progress) > 0, 100):
+        if not wait_for(lambda: progress_count(progress) > 0, 100):
             proc.kill()
             pytest.fail(f"no progress: {proc.communicate(timeout=10)[1]}")
         time.sleep(0.5)
-        moving = _progress(progress)
+        moving = progress_count(progress)
         time.sleep(0.3)
-        assert _progress(progress) > moving, "the program makes no progress before the hold"
+        assert progress_count(progress) > moving, "the program makes no progress before the hold"
         # what was queued behind the last barrier may finish
         return _hold(runtime_dir, progress, settle_s=0.5, still_s=1.5)
     finally:
@@ -81,12 +81,12 @@ def _hold(runtime_dir: Path, progress: Path, settle_s: float, still_s: float) ->
     later, and its task then; it must go on once resumed."""
     assert gpreempt(runtime_dir, "suspend", "trainer").returncode == 0
     time.sleep(settle_s)
-    held_from = _progress(progress)
+    held_from = progress_count(progress)
     time.sleep(still_s)
-    held_to = _progress(progress)
+    held_to = progress_count(progress)
     task = _task(runtime_dir, "trainer")
     assert gpreempt(runtime_dir, "resume", "trainer").returncode == 0
-    assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after resume"
+    assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after resume"
     return {"held_from": held_from, "held_to": held_to, "task": task}
 
 
@@ -189,7 +189,7 @@ def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "default")
     try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
         assert wait_for(lambda: gate()["driver_asleep"], 10), gate()
         first = gate()
@@ -210,7 +210,7 @@ def test_an_asleep_gate_puts_no_barrier_while_its_program_launches_nothing(
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "idle", seconds=5)
     try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
         assert wait_for(lambda: gate()["driver_asleep"], 10), gate()
         busy = gate()["driver_barriers"]
@@ -234,7 +234,7 @@ def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "deep")
     try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         time.sleep(3.0)  # asleep after a second, with dense barriers or woken by the backlog
         # far less than the 0.25 s the program keeps queued
         result = _hold(runtime_dir, progress, settle_s=0.1, still_s=1.0)
@@ -316,7 +316,7 @@ def _stands_still_while_a_server_is_active(
     )  # fmt: skip
     trainer = spawn(runtime_dir, "run", "--priority", "low", "--name", "trainer", "--", *command)
     try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         if server_gpu is not None:  # the trainer's process told the daemon it uses that GPU
 
             def counted_there() -> bool:
@@ -324,16 +324,9 @@ def _stands_still_while_a_server_is_active(
 
             assert wait_for(counted_there, 10), _task(runtime_dir, "trainer")
         time.sleep(1.5)  # the server idle: the trainer's gate falls asleep
-        go.write_text("1")
-        time.sleep(0.3)  # what ran past the last barrier completes
-        held_from = _progress(progress)
-        time.sleep(1.2)
-        held_to = _progress(progress)
-        task = _task(runtime_dir, "trainer")
-        assert held_to == held_from, (held_from, held_to, task)
-        assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
+        held_to, task = stands_still_through_a_request(runtime_dir, go, progress)
         assert task["gate"]["driver"] == "on", task
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+        assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after it"
     finally:
         stop_all(trainer, server)
 

@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import spawn, stop_all, task_named, wait_for
+from conftest import (
+    progress_count,
+    spawn,
+    stands_still_through_a_request,
+    stop_all,
+    task_named,
+    wait_for,
+)
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -50,13 +57,6 @@ time.sleep(120)
 """
 
 
-def _progress(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def test_a_quiet_raise_holds_the_trainer_without_ringing_from_the_request(
     daemon, runtime_dir, tmp_path
 ):
@@ -72,7 +72,7 @@ def test_a_quiet_raise_holds_the_trainer_without_ringing_from_the_request(
         sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), "cupy", "90",
     )  # fmt: skip
     try:
-        assert wait_for(lambda: _progress(progress) > 0, 100), "no progress"
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
 
         def quiet() -> bool:
             server_task = task_named(runtime_dir, "server") or {}
@@ -80,17 +80,10 @@ def test_a_quiet_raise_holds_the_trainer_without_ringing_from_the_request(
 
         assert wait_for(quiet, 20), task_named(runtime_dir, "server")
         time.sleep(1.0)
-        go.write_text("1")
-        time.sleep(0.3)  # what ran past the last barrier completes
-        held_from = _progress(progress)
-        time.sleep(1.2)
-        held_to = _progress(progress)
-        task = task_named(runtime_dir, "trainer")
-        assert held_to == held_from, (held_from, held_to, task)
-        assert task["gate"]["barrier_leaks"] == 0 and task["gate"]["hold_leaks"] == 0, task
+        held_to, _ = stands_still_through_a_request(runtime_dir, go, progress)
         assert wait_for(out.exists, 10), "the server wrote nothing"
         figures = json.loads(out.read_text())
         assert figures["native"] and figures["deferred"] >= 2, figures
-        assert wait_for(lambda: _progress(progress) > held_to, 20), "no progress after it"
+        assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after it"
     finally:
         stop_all(trainer, server)

@@ -108,7 +108,6 @@ class PythonScopes:
         self._lock = threading.Lock()
         self._open = 0
         self.linger = Linger(seconds, lambda: control.set_requests(0), self._lock)
-        self.seconds = seconds
 
     def enter(self, hint: bool) -> bool:
         """A scope opens; True if it raised the ``requests`` word (nothing held it raised)."""
@@ -125,7 +124,7 @@ class PythonScopes:
             self._open -= 1
             if self._open > 0:
                 return
-            if self.seconds > 0:
+            if self.linger.seconds > 0:
                 self.linger.arm()
             else:
                 self._control.set_requests(0)

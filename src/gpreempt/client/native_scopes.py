@@ -51,6 +51,11 @@ def _load() -> Any:
         return _library
 
 
+def _statistic(index: int, doc: str) -> property:
+    """A read-only count of the native counter, by its index in ``gpreempt_scopes_stat``."""
+    return property(lambda self: int(self._stat(self._handle, index)), doc=doc)
+
+
 class NativeScopes:
     """The open request scopes of one control block, and their linger.
 
@@ -62,7 +67,6 @@ class NativeScopes:
         if linger_s < 0:
             raise ValueError(f"a linger cannot be negative, got {linger_s} s")
         lib = _load()
-        self.seconds = linger_s
         self._handle = lib.gpreempt_scopes_open(address, doorbell, linger_s)
         if not self._handle:
             raise NativeGateUnavailable("the request counter could not be made (out of memory)")
@@ -78,25 +82,10 @@ class NativeScopes:
         """A scope closes; the last one lets the word drop after the linger."""
         self._exit(self._handle)
 
-    @property
-    def releases(self) -> int:
-        """Drops after a linger."""
-        return int(self._stat(self._handle, 0))
-
-    @property
-    def bridged(self) -> int:
-        """Requests that opened while the word still lingered."""
-        return int(self._stat(self._handle, 1))
-
-    @property
-    def wakes(self) -> int:
-        """Times a closing scope had to wake the helper (it was not polling)."""
-        return int(self._stat(self._handle, 2))
-
-    @property
-    def deferred(self) -> int:
-        """Raises whose doorbell the helper rang at its next poll (the block was quiet)."""
-        return int(self._stat(self._handle, 3))
+    releases = _statistic(0, "Drops after a linger.")
+    bridged = _statistic(1, "Requests that opened while the word still lingered.")
+    wakes = _statistic(2, "Times a closing scope had to wake the helper (it was not polling).")
+    deferred = _statistic(3, "Raises whose doorbell the helper rang at its next poll (quiet).")
 
 
 def open_scopes(control: ControlBlock, linger_s: float) -> NativeScopes | None:

@@ -292,17 +292,14 @@ def quiet_tasks(
             continue
         for high_id in highs & calm:
             high = by_id.get(high_id)
+            lists = [watching.get(conn, ((), 0)) for conn in low.controls]
             self_held = (
                 high is not None
                 and low.uid == high.uid  # watch lists never cross users
                 and low.closes_gate
                 and low.holds_itself
-                and bool(low.controls)
-                and all(
-                    watching.get(conn, ((), 0))[1] != 0
-                    and _watches_all_of(watching.get(conn, ((), 0))[0], high)
-                    for conn in low.controls
-                )
+                and bool(lists)
+                and all(version != 0 and _watches_all_of(blocks, high) for blocks, version in lists)
             )
             if not self_held:
                 calm.discard(high_id)
