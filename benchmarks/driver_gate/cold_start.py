@@ -7,10 +7,16 @@ by events before its input's copy and after its output's) after each of:
   context ran);
 * ``other-spin``: another process's CUDA context ran 0.5 ms of a kernel that touches no memory
   just before (the GPU switched contexts; the L2 keeps the server's data);
-* ``other-flush``: another process wrote 256 MiB just before (both, as after a trainer).
+* ``other-flush``: another process wrote 256 MiB just before (both, as after a trainer);
+* ``other-parked``: through the request, another process's stream waits at a barrier on a
+  word in host memory (``cuStreamWaitValue32``, as the gate's barriers wait) with 200 short
+  kernels queued behind it, released after the request (as a held trainer's stream waits
+  while the server serves its queue);
+* ``other-parked-device``: the same with the word in the GPU's memory.
 
 Every prior work completed before the request starts (nothing in flight, no barrier to reach),
-so the differences to ``idle`` are what no gate can save by holding work sooner. The modes
+so the differences to ``idle`` are what no gate can save by holding work sooner; the parked
+modes tell whether a held trainer's waiting stream slows the server's graph. The modes
 take turns, request by request; the medians of the GPU span and of the whole service (ms) are
 printed and written to ``--out``. With ``--mps`` both processes are clients of a private MPS
 daemon (started and stopped here), which runs them in one GPU context: no switch between them.
@@ -32,23 +38,86 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-MODES = ("idle", "own-flush", "other-spin", "other-flush")
+MODES = ("idle", "own-flush", "other-spin", "other-flush", "other-parked", "other-parked-device")
 FLUSH_BYTES = 256 << 20
 SPIN_CYCLES = 1_000_000  # about 0.5 ms at the H100's and H200's 1.98 GHz
+QUEUED_BEHIND = 200  # short kernels behind a parked barrier
+
+
+class Barrier:
+    """A stream of the current CUDA context that can be parked at a ``cuStreamWaitValue32``
+    on a word in host memory (mapped for the GPU, as the gate maps its words) or in the GPU's
+    memory, with work queued behind, and released by writing the word."""
+
+    def __init__(self, torch, device_word: bool) -> None:
+        import ctypes
+
+        from cuda.bindings import driver
+
+        self.torch, self.driver, self.device_word = torch, driver, device_word
+        self.stream = torch.cuda.Stream()
+        if device_word:
+            self.word = torch.zeros(1, dtype=torch.int32, device="cuda")
+            self.address = self.word.data_ptr()
+        else:
+            flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
+            self.host = _checked(driver.cuMemHostAlloc(4096, flags))
+            self.cell = ctypes.c_uint32.from_address(int(self.host))
+            self.address = int(_checked(driver.cuMemHostGetDevicePointer(self.host, 0)))
+
+    def park(self) -> None:
+        """Sets the word, queues the wait and the kernels behind it; returns at once."""
+        torch, driver = self.torch, self.driver
+        if self.device_word:
+            self.word.fill_(1)
+            torch.cuda.synchronize()
+        else:
+            self.cell.value = 1
+        flag = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
+        handle = driver.CUstream(self.stream.cuda_stream)
+        _checked(driver.cuStreamWaitValue32(handle, self.address, 0, flag))
+        with torch.cuda.stream(self.stream):
+            for _ in range(QUEUED_BEHIND):
+                torch.cuda._sleep(1000)
+
+    def release(self) -> None:
+        """Clears the word (from another stream, for a word in the GPU's memory)."""
+        if self.device_word:
+            self.word.fill_(0)  # the default stream: not the parked one
+        else:
+            self.cell.value = 0
+
+
+def _checked(answer):
+    """The value of a cuda-bindings call's (error, value) answer, or SystemExit on an error."""
+    err, *value = answer if isinstance(answer, tuple) else (answer,)
+    if int(err) != 0:
+        raise SystemExit(f"cold_start: a CUDA driver call failed ({err})")
+    return value[0] if value else None
 
 
 def other_context(pipe) -> None:  # a process of its own: its own CUDA context
-    """Runs what the server asks for ("spin" or "flush"), waits for it, answers; "quit" ends."""
+    """Runs what the server asks for ("spin", "flush", "parked", "parked-device"), answers
+    once it is done (once parked, for a barrier, which "release" then lets go); "quit" ends."""
     import torch
 
     buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    pipe.send("ready")
+    try:
+        barriers = {"parked": Barrier(torch, False), "parked-device": Barrier(torch, True)}
+    except ImportError:  # no cuda-bindings: the parked modes are not measured
+        barriers = {}
+    pipe.send("ready" if barriers else "ready-no-barriers")
     while (order := pipe.recv()) != "quit":
         if order == "spin":
             torch.cuda._sleep(SPIN_CYCLES)
-        else:
+        elif order == "flush":
             buf.fill_(1)
+        else:
+            barriers[order].park()
+            pipe.send("parked")
+            pipe.recv()  # "release"
+            barriers[order].release()
         torch.cuda.synchronize()
         pipe.send("done")
 
@@ -114,13 +183,17 @@ def measure(rounds: int, out: Path | None, mps: bool) -> int:
     child = mp.get_context("spawn").Process(target=other_context, args=(theirs,), daemon=True)
     child.start()
     try:
-        if mine.recv() != "ready":
+        ready = mine.recv()
+        if not ready.startswith("ready"):
             raise SystemExit("cold_start: the other process did not start")
+        modes = MODES if ready == "ready" else [m for m in MODES if "parked" not in m]
+        if modes != MODES:
+            print("cold_start: cuda-bindings missing, the parked modes left out", file=sys.stderr)
         for _ in range(50):  # warm up
             request()
-        rows: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+        rows: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
         for _ in range(rounds):
-            for mode in MODES:
+            for mode in modes:
                 if mode == "idle":
                     time.sleep(1e-3)
                 elif mode == "own-flush":
@@ -132,6 +205,9 @@ def measure(rounds: int, out: Path | None, mps: bool) -> int:
                 start = time.perf_counter()
                 request()
                 rows[mode].append((spans[-1], (time.perf_counter() - start) * 1e3))
+                if "parked" in mode:
+                    mine.send("release")
+                    mine.recv()
         mine.send("quit")
     finally:
         child.join(timeout=10)
