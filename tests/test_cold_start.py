@@ -59,3 +59,13 @@ def test_under_mps_the_daemon_is_told_to_quit_after_the_server_is_gone(tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "cold_start: no CUDA GPU here"
     assert log.read_text().split() == ["-d", "quit"]
+
+
+def test_a_driver_call_that_fails_stops_the_measure_with_its_error() -> None:
+    """cuda-bindings answers (error, value...) or a bare error: the value where the error is 0,
+    one line naming the error otherwise."""
+    checked = load_script("benchmarks/driver_gate/cold_start.py")._checked
+    assert checked((0, 4096)) == 4096
+    assert checked((0,)) is None and checked(0) is None
+    with pytest.raises(SystemExit, match=r"a CUDA driver call failed \(1\)"):
+        checked((1, 0))

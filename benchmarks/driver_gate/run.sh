@@ -6,7 +6,8 @@
 # Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
 # request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts),
 # cold-start (cold_start.py: what the graph server's request pays for starting right after
-# another process's work, with nothing left in flight; twice, each time then under MPS), resume
+# another process's work, with nothing left in flight, or while another process's stream waits
+# at a barrier; twice, each time then under MPS), resume
 # (resume_latency.cu: how soon a stream parked at a barrier runs again once its word drops,
 # with or without another process's work in between; twice), server-spread (server_spread.py:
 # the graph server's speed from one start of its process to the next, by how cuDNN chose its
