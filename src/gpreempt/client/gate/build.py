@@ -29,7 +29,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -92,14 +92,31 @@ def extension_name() -> str:
     return "gpreempt_gate_" + digest.hexdigest()[:16]
 
 
+def cxx_compiler(error: type[Exception] = NativeGateUnavailable) -> str:
+    """The C++ compiler every native part builds with (``$CXX``, else ``c++``); raises
+    ``error``, in one line, where it is not on PATH."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise error(f"no C++ compiler ({compiler!r} is not on PATH); install g++ (or set CXX)")
+    return compiler
+
+
+def library_file_name(prefix: str, sources: Iterable[Path], *extra: str) -> str:
+    """``prefix`` and a digest of the sources' names and contents (and of ``extra``): a plain
+    C++ library's file name, new whenever what it is built from changes."""
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    for item in extra:
+        digest.update(item.encode())
+    return f"{prefix}{digest.hexdigest()[:16]}.so"
+
+
 def _check_toolchain() -> None:
     from torch.utils import cpp_extension
 
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise NativeGateUnavailable(
-            f"no C++ compiler ({compiler!r} is not on PATH); install g++ (or set CXX)"
-        )
+    cxx_compiler()
     if not cpp_extension.is_ninja_available():
         raise NativeGateUnavailable("ninja is not installed; `pip install ninja`")
 

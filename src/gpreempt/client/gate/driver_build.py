@@ -15,13 +15,18 @@ places, and the ``nvidia`` wheels PyTorch installs (``nvidia/cu13``, ``nvidia/cu
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
-import shutil
 import sysconfig
 from pathlib import Path
 
-from .build import NativeGateUnavailable, cache_root, compile_library, report_build
+from .build import (
+    NativeGateUnavailable,
+    cache_root,
+    compile_library,
+    cxx_compiler,
+    library_file_name,
+    report_build,
+)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
@@ -93,20 +98,12 @@ def _link_flag(directory: Path, name: str) -> str:
 
 
 def library_name(include_dirs: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in (*SOURCES, *HEADERS):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    for include in include_dirs:
-        digest.update(str(include).encode())
-    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
+    return library_file_name(LIBRARY_PREFIX, (*SOURCES, *HEADERS), *map(str, include_dirs))
 
 
 def build(*, quiet: bool = True) -> Path:
     """The built library (compiled now if not cached); raises DriverGateUnavailable."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise DriverGateUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    compiler = cxx_compiler(DriverGateUnavailable)
     includes = find_include_dirs()
     cupti = find_library_dir("cupti")
 

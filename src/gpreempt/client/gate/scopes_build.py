@@ -12,12 +12,17 @@ Python linger. Build it ahead of time (a container image) with
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
-import shutil
 from pathlib import Path
 
-from .build import CSRC, NativeGateUnavailable, cache_root, compile_library, report_build
+from .build import (
+    CSRC,
+    NativeGateUnavailable,
+    cache_root,
+    compile_library,
+    cxx_compiler,
+    library_file_name,
+    report_build,
+)
 
 SOURCE = CSRC / "request_scopes.cpp"
 HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
@@ -29,18 +34,12 @@ class ScopesUnavailable(NativeGateUnavailable):
 
 
 def library_name() -> str:
-    digest = hashlib.sha256()
-    for path in (SOURCE, *HEADERS):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return f"{LIBRARY_PREFIX}{digest.hexdigest()[:16]}.so"
+    return library_file_name(LIBRARY_PREFIX, (SOURCE, *HEADERS))
 
 
 def build() -> Path:
     """The built library (compiled now if not cached); raises ScopesUnavailable."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise ScopesUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    compiler = cxx_compiler(ScopesUnavailable)
 
     def command(output: Path) -> list[str]:
         return [
