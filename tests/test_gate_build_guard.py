@@ -102,3 +102,27 @@ def test_a_build_lock_held_by_a_stopped_process_is_not_waited_for(tmp_path: Path
         os.close(holder)
         stopped.kill()
         stopped.wait()
+
+
+def test_a_library_is_named_after_what_it_is_built_from(tmp_path: Path) -> None:
+    """A changed source, or another include directory, gives a new file name: a cached library
+    is never one built from other code."""
+    source = tmp_path / "a.cpp"
+    source.write_text("int a;\n")
+    first = build.library_file_name("libx_", [source], "/usr/include")
+    assert first.startswith("libx_") and first.endswith(".so")
+    assert build.library_file_name("libx_", [source], "/usr/include") == first
+    assert build.library_file_name("libx_", [source], "/opt/include") != first
+    source.write_text("int b;\n")
+    assert build.library_file_name("libx_", [source], "/usr/include") != first
+
+
+def test_without_a_compiler_each_part_says_so_with_its_own_error(monkeypatch) -> None:
+    class PartUnavailable(RuntimeError):
+        pass
+
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(PartUnavailable, match="no C.. compiler .'no-such-compiler'.*set CXX"):
+        build.cxx_compiler(PartUnavailable)
+    monkeypatch.setenv("CXX", "sh")
+    assert build.cxx_compiler() == "sh"
