@@ -69,3 +69,17 @@ def test_a_driver_call_that_fails_stops_the_measure_with_its_error() -> None:
     assert checked((0,)) is None and checked(0) is None
     with pytest.raises(SystemExit, match=r"a CUDA driver call failed \(1\)"):
         checked((1, 0))
+
+
+def test_an_other_process_that_ends_is_said_in_one_line() -> None:
+    import multiprocessing as mp
+
+    script = load_script("benchmarks/driver_gate/cold_start.py")
+    mine, theirs = mp.Pipe()
+    child = mp.get_context("spawn").Process(target=int)  # ends at once, answers nothing
+    child.start()
+    child.join()
+    with pytest.raises(SystemExit, match="the other process ended"):
+        script._answer(mine, child)
+    theirs.send("done")
+    assert script._answer(mine, child) == "done"

@@ -167,6 +167,15 @@ def _measured(rounds: int, out: Path | None) -> None:  # the server's process un
     sys.exit(measure(rounds, out, True))
 
 
+def _answer(pipe, child) -> str:
+    """The other process's next answer; SystemExit, in one line, where it ended instead (its
+    own error printed above)."""
+    while not pipe.poll(0.5):
+        if not child.is_alive():
+            raise SystemExit("cold_start: the other process ended; its error is above")
+    return pipe.recv()
+
+
 def measure(rounds: int, out: Path | None, mps: bool) -> int:
     """Times the modes (this process's CUDA starts here, after any MPS daemon)."""
     import torch
@@ -183,7 +192,7 @@ def measure(rounds: int, out: Path | None, mps: bool) -> int:
     child = mp.get_context("spawn").Process(target=other_context, args=(theirs,), daemon=True)
     child.start()
     try:
-        ready = mine.recv()
+        ready = _answer(mine, child)
         if not ready.startswith("ready"):
             raise SystemExit("cold_start: the other process did not start")
         modes = MODES if ready == "ready" else [m for m in MODES if "parked" not in m]
@@ -201,13 +210,13 @@ def measure(rounds: int, out: Path | None, mps: bool) -> int:
                     torch.cuda.synchronize()
                 else:
                     mine.send(mode.removeprefix("other-"))
-                    mine.recv()
+                    _answer(mine, child)
                 start = time.perf_counter()
                 request()
                 rows[mode].append((spans[-1], (time.perf_counter() - start) * 1e3))
                 if "parked" in mode:
                     mine.send("release")
-                    mine.recv()
+                    _answer(mine, child)
         mine.send("quit")
     finally:
         child.join(timeout=10)
