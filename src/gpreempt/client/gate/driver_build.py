@@ -36,6 +36,7 @@ HEADERS = (
     CSRC / "barrier_check.h",
     CSRC / "control_layout.h",
     CSRC / "gate_words.h",
+    CSRC / "launch_hold.h",
     CSRC / "visible_devices.h",
 )
 LIBRARY_PREFIX = "libgpreempt_driver_"

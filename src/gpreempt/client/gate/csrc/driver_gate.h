@@ -7,7 +7,8 @@
 // CuPy, JAX, TensorFlow or a C++ program. The gate then does what the PyTorch operator gate does
 // for operators, for every launch:
 //   * driver_hold.cpp: wait while the control block's gate_closed says so (or a watched, more
-//     important task is active and no stream barrier holds this task), count launches;
+//     important task is active and no stream barrier holds this task), count launches, the
+//     way the HIP launch gate does (launch_hold.h, which both gates share);
 //   * driver_marks.cpp: stream barriers (waits on the gate word, on the GPU) on each stream it
 //     sees, spaced by the GPU time they hold, events behind them, and the bound on the work in
 //     flight;
@@ -45,20 +46,18 @@
 #include "asleep_drain.h"
 #include "barrier_check.h"
 #include "gate_words.h"
+#include "launch_hold.h"
 
 namespace gpreempt_driver {
 
 using namespace gpreempt_layout;
 using namespace gpreempt_words;
 
-// Settings, from the Python client (adopt) or the environment (own channel).
-struct Config {
-  bool bound = true;          // may be preempted: barriers and a bounded queue
-  bool auto_activity = false;  // publish auto_active from the launches (tasks that preempt)
-  bool torch_gate = false;    // PyTorch's operator gate also runs here (it publishes activity)
+// Settings, from the Python client (adopt) or the environment (own channel). `bound`: barriers
+// and a bounded queue too.
+struct Config : HoldConfig {
   double barrier_us = 200.0;  // GPU time between two barriers on a stream; 0 = no barriers
   double window_ms = 25.0;    // GPU time in flight at most on a stream
-  double idle_grace_ms = 2.0;  // quiet time before auto_active drops
 };
 
 // Asleep: the spacing of the thread's barriers and when a backlog wakes the gate are in
@@ -154,20 +153,12 @@ struct StreamState {
   uint64_t verified_from = 0;       // its first mark not yet complete at the last check
 };
 
-struct Gate {
-  std::atomic<uint8_t*> ctl{nullptr};
-  int doorbell = -1;
-  Config cfg;
-  std::atomic<const WatchList*> watch{nullptr};
-  std::atomic<bool> adopted{false};     // the block is the Python client's
-  uint64_t adopted_inode = 0;           // its memfd's inode
+struct Gate : HoldState<Config> {
   std::atomic<bool> initialized{false};  // InitializeInjection ran
   std::atomic<bool> barriers_ok{true};  // a barrier failed: off for good
   std::atomic<bool> exiting{false};     // the process exits: no more driver calls
   std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
-  std::atomic<int64_t> last_launch_ns{0};
   int64_t quiet_since_ns = 0;  // the background thread's: when it saw all work completed
-  std::atomic<uint32_t> active{0};
   std::atomic<int> captures{0};            // stream captures under way in the process
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts

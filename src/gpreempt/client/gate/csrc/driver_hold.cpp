@@ -1,14 +1,6 @@
-// The driver-level gate's work on each launch: wait while closed, count, put stream barriers,
-// bound the work in flight; and the activity it publishes for tasks that preempt others.
-#include <dlfcn.h>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstring>
-
+// The driver-level gate's work on each launch: count it, wait while closed and publish the
+// activity of tasks that preempt others (launch_hold.h), put stream barriers, bound the work in
+// flight.
 #include "driver_gate.h"
 
 namespace gpreempt_driver {
@@ -85,32 +77,6 @@ bool launch_stream(CUpti_CallbackId cbid, const void* params, CUstream* out) {
   }
 }
 
-void wait_open(Gate& g, uint8_t* ctl) {
-  NoGil nogil;
-  auto* word = reinterpret_cast<uint32_t*>(ctl + kOffGateClosed);
-  const int64_t start = now_ns();
-  add64(ctl, kOffDriverWaits, 1);
-  for (int spins = 0;;) {
-    const uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    const WatchList* list = g.watch.load(std::memory_order_acquire);
-    if (!must_wait(g, seen, list)) {
-      break;
-    }
-    if (spins < 256) {
-      ++spins;
-      continue;
-    }
-    timespec timeout{0, 1000000};  // the daemon wakes us; watched words are polled
-    if (seen != 0 && !closed_while_watched(seen, list)) {
-      syscall(SYS_futex, word, FUTEX_WAIT, seen, &timeout, nullptr, 0);
-    } else {
-      timespec poll{0, 30000};
-      nanosleep(&poll, nullptr);
-    }
-  }
-  add64(ctl, kOffDriverWaitNs, static_cast<uint64_t>(now_ns() - start));
-}
-
 }  // namespace
 
 void before_launch(CUpti_CallbackId /*cbid*/, const CUpti_CallbackData* /*data*/) {
@@ -122,20 +88,7 @@ void before_launch(CUpti_CallbackId /*cbid*/, const CUpti_CallbackData* /*data*/
   if (ctl == nullptr) {
     return;
   }
-  add64(ctl, kOffDriverLaunches, 1);
-  const uint32_t word = load32(ctl, kOffGateClosed);
-  if (word != 0 || g.watch.load(std::memory_order_relaxed) != nullptr) {
-    if (must_wait(g, word, g.watch.load(std::memory_order_acquire))) {
-      wait_open(g, ctl);
-    }
-  }
-  if (g.cfg.auto_activity && !g.cfg.torch_gate) {
-    g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
-    if (g.active.exchange(1) == 0) {
-      set_activity_word(ctl, kOffAutoActive, 1);
-      ring(g);
-    }
-  }
+  hold_launch(g, ctl, [&g](uint32_t word, const WatchList* w) { return must_wait(g, word, w); });
 }
 
 void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {

@@ -9,8 +9,6 @@
 // daemon backs a gate that does not hold with the driver lock.
 #include <dlfcn.h>
 #include <pthread.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -308,31 +306,14 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
     int memfd, int doorbell, int bound, int auto_activity, int torch_gate, double barrier_us,
     double window_ms, double idle_grace_ms) {
   Gate& g = gate();
-  struct stat st {};
-  if (fstat(memfd, &st) != 0 || st.st_size < static_cast<off_t>(kSize)) {
-    return 0;
+  const Adopted adopted =
+      adopt_block(g, memfd, doorbell, bound, auto_activity, torch_gate, idle_grace_ms, [&] {
+        g.cfg.barrier_us = barrier_us;
+        g.cfg.window_ms = window_ms;
+      });
+  if (adopted != Adopted::kMapped) {
+    return adopted == Adopted::kAgain ? 1 : 0;
   }
-  if (g.ctl.load() != nullptr && g.adopted.load() && g.adopted_inode == st.st_ino) {
-    g.cfg.torch_gate = g.cfg.torch_gate || torch_gate != 0;  // PyTorch came after CuPy
-    return 1;
-  }
-  if (g.ctl.load() != nullptr) {
-    return 0;
-  }
-  void* mapped = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (mapped == MAP_FAILED) {
-    return 0;
-  }
-  g.cfg.bound = bound != 0;
-  g.cfg.auto_activity = auto_activity != 0;
-  g.cfg.torch_gate = torch_gate != 0;
-  g.cfg.barrier_us = barrier_us;
-  g.cfg.window_ms = window_ms;
-  g.cfg.idle_grace_ms = idle_grace_ms;
-  g.doorbell = dup(doorbell);
-  g.adopted_inode = st.st_ino;
-  g.adopted.store(true);
-  g.ctl.store(static_cast<uint8_t*>(mapped), std::memory_order_release);
   if (g.initialized.load()) {
     publish_state(state.load());
   }
@@ -340,18 +321,11 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
   return 1;
 }
 
-// The watched tasks' control blocks (read-only mappings the client keeps), and the version of
-// the daemon's list. A list is never freed: a launch may be reading it.
+// The watched tasks' control blocks and the version of the daemon's list (launch_hold.h).
 __attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uintptr_t* blocks,
                                                                        size_t n,
                                                                        uint32_t version) {
-  auto* list = new WatchList();
-  list->n = n < kMaxWatched ? n : kMaxWatched;
-  for (size_t i = 0; i < list->n; ++i) {
-    list->blocks[i] = reinterpret_cast<const uint8_t*>(blocks[i]);
-  }
-  list->version = n <= kMaxWatched ? version : 0;
-  gate().watch.store(n == 0 ? nullptr : list, std::memory_order_release);
+  publish_watch(gate(), blocks, n, version);
 }
 
 // Hands CUPTI to a profiler: the gate holds nothing until gpreempt_driver_resume.
@@ -379,8 +353,7 @@ __attribute__((visibility("default"))) uint32_t gpreempt_driver_state() { return
 
 // The version of the watch list the gate holds now (0: none, or incomplete).
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_watch_version() {
-  const WatchList* list = gate().watch.load(std::memory_order_acquire);
-  return list == nullptr ? 0 : list->version;
+  return watch_version(gate());
 }
 
 __attribute__((visibility("default"))) int gpreempt_driver_initialized() {

@@ -8,7 +8,8 @@
 // gate (../driver_gate.h) does at its CUPTI callback, without its stream barriers:
 //   * rocm_hold.cpp: the control block (adopted from the Python client, same functions and
 //     signatures as the CUDA gate), counting launches, waiting while the gate word says closed
-//     (or a watched, more important task is active), activity for tasks that preempt others;
+//     (or a watched, more important task is active), activity for tasks that preempt others:
+//     what ../launch_hold.h does for both gates, with the HIP gate's rule for when to wait;
 //   * rocm_gate.cpp: rocprofiler_configure, the tool's context and its callback.
 // It makes no HIP call itself, so it needs no HIP library, only the rocprofiler-sdk headers.
 #pragma once
@@ -21,31 +22,16 @@
 
 #include "../control_layout.h"
 #include "../gate_words.h"
+#include "../launch_hold.h"
 
 namespace gpreempt_rocm {
 
 using namespace gpreempt_layout;
 using namespace gpreempt_words;
 
-// Settings, from the Python client (gpreempt_driver_adopt).
-struct Config {
-  bool bound = true;            // may be preempted: waits for watched tasks too
-  bool auto_activity = false;   // publish auto_active from the launches (tasks that preempt)
-  bool torch_gate = false;      // PyTorch's operator gate also runs here (it publishes activity)
-  double idle_grace_ms = 2.0;   // quiet time before auto_active drops
-};
-
-struct Gate {
-  std::atomic<uint8_t*> ctl{nullptr};
-  int doorbell = -1;
-  Config cfg;
-  std::atomic<const WatchList*> watch{nullptr};
-  std::atomic<bool> adopted{false};  // the block is the Python client's
-  uint64_t adopted_inode = 0;        // its memfd's inode
+struct Gate : HoldState<HoldConfig> {
   std::atomic<uint32_t> state{kDriverNone};
   std::atomic<bool> background_started{false};
-  std::atomic<int64_t> last_launch_ns{0};
-  std::atomic<uint32_t> active{0};
 };
 
 Gate& gate();

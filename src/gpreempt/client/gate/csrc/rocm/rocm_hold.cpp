@@ -1,13 +1,9 @@
-// The HIP launch gate's work on each launch (count, wait while closed, activity) and the
-// functions the Python client calls through ctypes, with the CUDA driver-level gate's names and
-// signatures (../driver_inject.cpp), so gpreempt.client.gate.driver drives either.
-#include <linux/futex.h>
+// The HIP launch gate's work on each launch (count, wait while closed, activity:
+// ../launch_hold.h), the thread that drops its activity, and the functions the Python client
+// calls through ctypes, with the CUDA driver-level gate's names and signatures
+// (../driver_inject.cpp), so gpreempt.client.gate.driver drives either.
 #include <pthread.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <thread>
 
@@ -34,34 +30,6 @@ bool must_wait(const Gate& g, uint32_t word, const WatchList* w) {
   return true;
 }
 
-// Spin briefly, then sleep on the word (the daemon wakes the futex when it opens the gate);
-// watched words are polled.
-void wait_open(Gate& g, uint8_t* ctl) {
-  NoGil nogil;
-  auto* word = reinterpret_cast<uint32_t*>(ctl + kOffGateClosed);
-  const int64_t start = now_ns();
-  add64(ctl, kOffDriverWaits, 1);
-  for (int spins = 0;;) {
-    const uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    const WatchList* list = g.watch.load(std::memory_order_acquire);
-    if (!must_wait(g, seen, list)) {
-      break;
-    }
-    if (spins < 256) {
-      ++spins;
-      continue;
-    }
-    if (seen != 0 && !closed_while_watched(seen, list)) {
-      timespec timeout{0, 1000000};
-      syscall(SYS_futex, word, FUTEX_WAIT, seen, &timeout, nullptr, 0);
-    } else {
-      timespec poll{0, 30000};
-      nanosleep(&poll, nullptr);
-    }
-  }
-  add64(ctl, kOffDriverWaitNs, static_cast<uint64_t>(now_ns() - start));
-}
-
 // auto_active drops once the process launched nothing for the grace time. The gate makes no
 // HIP call, so it cannot tell when the GPU finished the last launch: the grace time starts at
 // the launch, not at its completion.
@@ -74,7 +42,7 @@ void background() {
       const int64_t grace_ns = static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6);
       if (now_ns() - g.last_launch_ns.load(std::memory_order_relaxed) > grace_ns &&
           g.active.exchange(0) != 0) {
-        store32(ctl, kOffAutoActive, 0);
+        set_activity_word(ctl, kOffAutoActive, 0);
         ring(g);
       }
     }
@@ -118,20 +86,7 @@ void before_launch() {
   if (ctl == nullptr) {
     return;
   }
-  add64(ctl, kOffDriverLaunches, 1);
-  const uint32_t word = load32(ctl, kOffGateClosed);
-  if (word != 0 || g.watch.load(std::memory_order_relaxed) != nullptr) {
-    if (must_wait(g, word, g.watch.load(std::memory_order_acquire))) {
-      wait_open(g, ctl);
-    }
-  }
-  if (g.cfg.auto_activity && !g.cfg.torch_gate) {
-    g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
-    if (g.active.exchange(1) == 0) {
-      store32(ctl, kOffAutoActive, 1);
-      ring(g);
-    }
-  }
+  hold_launch(g, ctl, [&g](uint32_t word, const WatchList* w) { return must_wait(g, word, w); });
 }
 
 }  // namespace gpreempt_rocm
@@ -147,29 +102,11 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
     int memfd, int doorbell, int bound, int auto_activity, int torch_gate, double /*barrier_us*/,
     double /*window_ms*/, double idle_grace_ms) {
   Gate& g = gate();
-  struct stat st {};
-  if (fstat(memfd, &st) != 0 || st.st_size < static_cast<off_t>(kSize)) {
-    return 0;
+  const Adopted adopted = adopt_block(g, memfd, doorbell, bound, auto_activity, torch_gate,
+                                      idle_grace_ms, [] {});
+  if (adopted != Adopted::kMapped) {
+    return adopted == Adopted::kAgain ? 1 : 0;
   }
-  if (g.ctl.load() != nullptr && g.adopted.load() && g.adopted_inode == st.st_ino) {
-    g.cfg.torch_gate = g.cfg.torch_gate || torch_gate != 0;
-    return 1;
-  }
-  if (g.ctl.load() != nullptr) {
-    return 0;
-  }
-  void* mapped = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (mapped == MAP_FAILED) {
-    return 0;
-  }
-  g.cfg.bound = bound != 0;
-  g.cfg.auto_activity = auto_activity != 0;
-  g.cfg.torch_gate = torch_gate != 0;
-  g.cfg.idle_grace_ms = idle_grace_ms;
-  g.doorbell = dup(doorbell);
-  g.adopted_inode = st.st_ino;
-  g.adopted.store(true);
-  g.ctl.store(static_cast<uint8_t*>(mapped), std::memory_order_release);
   publish_state(g.state.load());
   if (g.cfg.auto_activity) {
     start_background();
@@ -177,18 +114,11 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
   return 1;
 }
 
-// The watched tasks' control blocks (read-only mappings the client keeps), and the version of
-// the daemon's list. A list is never freed: a launch may be reading it.
+// The watched tasks' control blocks and the version of the daemon's list (../launch_hold.h).
 __attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uintptr_t* blocks,
                                                                        size_t n,
                                                                        uint32_t version) {
-  auto* list = new WatchList();
-  list->n = n < kMaxWatched ? n : kMaxWatched;
-  for (size_t i = 0; i < list->n; ++i) {
-    list->blocks[i] = reinterpret_cast<const uint8_t*>(blocks[i]);
-  }
-  list->version = n <= kMaxWatched ? version : 0;
-  gate().watch.store(n == 0 ? nullptr : list, std::memory_order_release);
+  publish_watch(gate(), blocks, n, version);
 }
 
 // rocprofiler-sdk lets several tools trace the same process (a profiler needs nothing from
@@ -205,8 +135,7 @@ __attribute__((visibility("default"))) uint32_t gpreempt_driver_state() {
 }
 
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_watch_version() {
-  const WatchList* list = gate().watch.load(std::memory_order_acquire);
-  return list == nullptr ? 0 : list->version;
+  return watch_version(gate());
 }
 
 // 1 once rocprofiler configured the gate's callback (whatever came of it).
