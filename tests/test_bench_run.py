@@ -357,6 +357,29 @@ def test_a_run_stopped_midway_keeps_the_repeats_it_finished(tmp_path, monkeypatc
     assert (out / "report.md").exists() and saved["plots"] == []
 
 
+def test_a_run_stopped_while_it_draws_keeps_every_repeat(tmp_path, monkeypatch):
+    """The plots come last: a bench stopped by its time limit while it draws them (seconds per
+    trainer) leaves every trainer's results.json with all its repeats, the plots unnamed."""
+    out = tmp_path / "run"
+    config = _config(
+        out, ["a-alone", "gpreempt-signal"], _workloads(), repeats=2, requests=30,
+        case_b_kinds=("transformer", "transformer+FAKE_SETTING=1"),
+    )  # fmt: skip
+    from gpreempt.bench import runner
+
+    def stopped(*_args):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(runner, "all_plots", stopped)
+    with pytest.raises(SystemExit):
+        run_bench(config)
+
+    for trainer in ("transformer", "transformer+FAKE_SETTING=1"):
+        saved = json.loads((out / trainer / "results.json").read_text())
+        assert saved["params"]["repeats"] == 2 and saved["plots"] == []
+        assert saved["scenarios"]["gpreempt-signal"]["valid"]
+
+
 def _lingering_mps(tmp_path: Path, on_term: str) -> Path:
     """An nvidia-cuda-mps-control stand-in whose ``-d`` leaves a process of that name behind
     (as the real daemon forks), which does not heed ``quit``; ``on_term``: its TERM trap."""

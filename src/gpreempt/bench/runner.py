@@ -283,13 +283,14 @@ def _run_bench(config: BenchConfig, progress: Callable[[str], None] | None) -> d
                     raws[A_AFTER] = shared[A_AFTER]
             for label, raws in per_trainer.items():
                 runs[label].append({n: raws[n] for n in measured})
-            if repeat + 1 < config.repeats:  # a run stopped later keeps the repeats done
-                for t in trainers:
-                    _write_results(config, t, runs[t.label], names, facts, final=False)
+            # every repeat written as it ends, the plots only once all are: a run stopped
+            # later, while it draws them included, keeps every repeat it finished
+            results = [_write_results(config, t, runs[t.label], names, facts) for t in trainers]
     finally:
         bar.close()
-
-    results = [_write_results(config, t, runs[t.label], names, facts) for t in trainers]
+    for t, result in zip(trainers, results, strict=True):
+        result["plots"] = list(all_plots(runs[t.label][0], t.out))
+        _save(t.out, result)
     return results[0]
 
 
@@ -299,10 +300,9 @@ def _write_results(
     runs: list[dict[str, RawScenario]],
     names: Sequence[str],
     facts: dict[str, Any],
-    final: bool = True,
 ) -> dict[str, Any]:
-    """One trainer's results.json, report.md and plots, in its directory. Before the last
-    repeat (``final`` false) without plots, and ``params.repeats`` says how many are done."""
+    """One trainer's results.json and report.md, in its directory, without plots (drawn once
+    every repeat is done); ``params.repeats`` says how many repeats are done."""
     per_repeat = [_rows(raws, names) for raws in runs]
     scenarios = {
         name: combine_memory_flags(
@@ -353,12 +353,16 @@ def _write_results(
         "device": facts["device"],
         "params": params,
         "scenarios": scenarios,
+        "plots": [],
     }
-    trainer.out.mkdir(parents=True, exist_ok=True)
-    results["plots"] = list(all_plots(runs[0], trainer.out)) if final else []
-    (trainer.out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
-    (trainer.out / "report.md").write_text(render(results))
+    _save(trainer.out, results)
     return results
+
+
+def _save(out: Path, results: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)  # a trainer's own directory, in a shared run
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable))
+    (out / "report.md").write_text(render(results))
 
 
 def _memory_plan(config: BenchConfig, names: Sequence[str], span_s: float) -> MemoryPlan | None:
@@ -369,14 +373,9 @@ def _memory_plan(config: BenchConfig, names: Sequence[str], span_s: float) -> Me
         probe = config.memory_probe()
     else:
         probe = probe_gpu(config.workloads.python, config.workloads.environment())
+    c = config
     return make_plan(
-        probe,
-        span_s,
-        config.ballast_gib,
-        config.growth_gib,
-        config.reserve_gib,
-        config.growth_at_s,
-        config.memory_settle_s,
+        probe, span_s, c.ballast_gib, c.growth_gib, c.reserve_gib, c.growth_at_s, c.memory_settle_s
     )
 
 
