@@ -53,8 +53,8 @@ namespace gpreempt_driver {
 using namespace gpreempt_layout;
 using namespace gpreempt_words;
 
-// Settings, from the Python client (adopt) or the environment (own channel). `bound`: barriers
-// and a bounded queue too.
+// Settings, from the Python client (adopt) or the environment (own channel); a bound task of
+// this gate also gets stream barriers and a bounded queue.
 struct Config : HoldConfig {
   double barrier_us = 200.0;  // GPU time between two barriers on a stream; 0 = no barriers
   double window_ms = 25.0;    // GPU time in flight at most on a stream
