@@ -129,17 +129,8 @@ class PythonScopes:
             else:
                 self._control.set_requests(0)
 
-    @property
-    def open(self) -> int:
-        """Scopes open now."""
-        return self._open
-
-    @property
-    def releases(self) -> int:
-        """Drops after a linger."""
-        return self.linger.releases
-
-    @property
-    def bridged(self) -> int:
-        """Requests that opened while the word still lingered."""
-        return self.linger.bridged
+    open = property(lambda self: self._open, doc="Scopes open now.")
+    releases = property(lambda self: self.linger.releases, doc="Drops after a linger.")
+    bridged = property(
+        lambda self: self.linger.bridged, doc="Requests that opened while the word still lingered."
+    )
