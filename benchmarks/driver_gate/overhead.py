@@ -26,7 +26,11 @@ they queued; the ratio of a configuration is its steps per second over ``ungated
 same round. After each turn of a gated copy its daemon is asked for the driver-level gate's
 counters: each turn records the launches its callbacks saw and the stream barriers it put
 (``gate``), so the table tells how much of a turn an asleep gate spent awake (a gate whose
-process queues far ahead wakes while the GPU work between its thread's barriers is long).
+process queues far ahead wakes while the GPU work between its thread's barriers is long), and
+the launches that waited for the work in flight to fall within the window (``bound_waits``).
+Each turn also records what tells a trainer bound by its CPU from one bound by its GPU: the
+wait for its queued work after the loop (``drain_s``: about nothing where the GPU keeps up with
+the CPU) and the main thread's CPU time over the loop's wall time (``loop_cpu``).
 
     PYTHONPATH=src python3 benchmarks/driver_gate/overhead.py --out overhead.json
 
@@ -83,13 +87,15 @@ drain(token)
 def run(key):
     global token
     seconds = float(key.split(":")[1])
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     steps = 0
     while time.perf_counter() - start < seconds:
         token = step()
         steps += 1
+    loop_s, loop_cpu_s = time.perf_counter() - start, time.thread_time() - cpu
     drain(token)
-    return {"steps": steps, "s": time.perf_counter() - start}
+    s = time.perf_counter() - start
+    return {"steps": steps, "s": s, "drain_s": s - loop_s, "loop_cpu": loop_cpu_s / loop_s}
 
 turns.take_turns(Path(turn_path), me, Path(out_path), run)
 """
@@ -110,7 +116,11 @@ def gate_counts(runtime: Path) -> dict | None:
         with DaemonClient.connect(runtime, timeout=2) as client:
             tasks = client.status()["tasks"]
         gate = next(t for t in tasks if t["name"] == "trainer")["gate"]
-        return {"launches": gate["driver_launches"], "barriers": gate["driver_barriers"]}
+        return {
+            "launches": gate["driver_launches"],
+            "barriers": gate["driver_barriers"],
+            "bound_waits": gate["driver_bound_waits"],
+        }
     except (GpreemptError, OSError, KeyError, TypeError, StopIteration):
         return None  # a figure missing (no daemon, no such task, no gate), never a run lost
 
@@ -231,24 +241,37 @@ def seen_per_step(turns: list[dict], kind: str, config: str) -> float | None:
     return statistics.median(seen) if seen else None
 
 
+def bound_by(turns: list[dict], kind: str, config: str) -> str:
+    """The medians over the turns of ``drain_s`` (in ms) and ``loop_cpu``, where recorded."""
+    mine = [t for t in turns if t["kind"] == kind and t["config"] == config and "drain_s" in t]
+    if not mine:
+        return ""
+    drain = statistics.median(t["drain_s"] * 1e3 for t in mine)
+    return f"   drain {drain:.1f} ms, cpu {statistics.median(t['loop_cpu'] for t in mine):.2f}"
+
+
 def print_table(turns: list[dict], kinds: list[str], variants: tuple[str, ...]) -> None:
     """Each configuration's ratio of ``ungated``: the median and the spread of the rounds;
     for gated copies, the launches per step their callbacks saw (an asleep gate's share of
-    its awake one's tells how long it was awake)."""
+    its awake one's tells how long it was awake); where recorded, the queued work left at the
+    end of a turn and the main thread's CPU share (:func:`bound_by`)."""
     print(
         f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds"
         "   launches seen per step"
     )
     for kind in kinds:
-        for config in (*CONFIGS[1:], *(f"awake:{v}" for v in variants)):
+        for config in (*CONFIGS, *(f"awake:{v}" for v in variants)):
             r = ratios(turns, kind, config)
             seen = seen_per_step(turns, kind, config)
-            if r:
+            if r and config != "ungated":
                 print(
                     f"{kind:22s} {config:9s} {statistics.median(r):.3f} "
                     f"[{min(r):.3f}-{max(r):.3f}] n={len(r)}"
                     + (f"   {seen:.1f}" if seen is not None else "")
+                    + bound_by(turns, kind, config)
                 )
+            elif config == "ungated" and bound_by(turns, kind, config):
+                print(f"{kind:22s} {config:9s} {'':24s}" + bound_by(turns, kind, config))
 
 
 def main() -> int:
