@@ -96,9 +96,6 @@ struct Mark {
   // otherwise): the span to it is the launches' GPU time alone, without the time the barrier
   // held the stream
   CUevent before = nullptr;
-  // an untimed event before the barrier where `before` is null and a barrier was put awake:
-  // while it (or `before`) is pending, the GPU has not reached the barrier (driver_verify.cpp)
-  CUevent fence = nullptr;
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
@@ -160,6 +157,9 @@ struct Gate : HoldState<Config> {
   std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
   int64_t quiet_since_ns = 0;  // the background thread's: when it saw all work completed
   std::atomic<int> captures{0};            // stream captures under way in the process
+  // every capture under way is counted in `captures`: false for good once CUPTI went to a
+  // profiler, whose captures began unseen (mu held to read it with `captures`)
+  std::atomic<bool> captures_counted{true};
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;
@@ -219,15 +219,33 @@ struct Guard {
   Guard& operator=(const Guard&) = delete;
 };
 
+// Whether a stream capture may be under way in the process (mu held: a capture's start waits
+// for it, driver_asleep.cpp). While none can be, the gate's calls need neither RelaxedCapture
+// nor capturing(): a mark then costs two driver calls fewer.
+inline bool capture_possible(const Gate& g) {
+  return g.captures.load(std::memory_order_relaxed) != 0 ||
+         !g.captures_counted.load(std::memory_order_relaxed);
+}
+
 // Our calls must not disturb a graph another thread captures in global mode.
+// `needed` false (no capture can be under way: capture_possible) leaves the mode as it is.
 class RelaxedCapture {
  public:
-  RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cu()->cuThreadExchangeStreamCaptureMode(&mode_); }
+  explicit RelaxedCapture(bool needed = true) : needed_(needed) {
+    if (needed_) {
+      cu()->cuThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
+  ~RelaxedCapture() {
+    if (needed_) {
+      cu()->cuThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
   RelaxedCapture(const RelaxedCapture&) = delete;
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 
  private:
+  bool needed_;
   CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
 };
 
@@ -309,7 +327,7 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note = nul
 CUevent take_event(Gate& g, CUcontext ctx, bool timed);
 // Back to `ctx`'s spares (mu held); nothing for null.
 void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed);
-// A retired mark's events (behind, before and fence) back to `ctx`'s spares (mu held).
+// A retired mark's events (behind and before) back to `ctx`'s spares (mu held).
 void give_mark(Gate& g, CUcontext ctx, const Mark& m);
 // An event recorded on `stream` (of context `ctx`, current) now, timed or not (mu held); null
 // where it could not be.

@@ -130,7 +130,7 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
     }
     st.dirty = true;
     ++st.since_mark;
-    if (bounded && st.since_mark >= st.spacing && !capturing(stream)) {
+    if (bounded && st.since_mark >= st.spacing && !(capture_possible(g) && capturing(stream))) {
       // its events are of the stream's context, current but for a copy to another device's
       const CurrentContext current(st.context != data->context ? st.context : nullptr);
       over_window = mark(g, ctl, stream, st);

@@ -334,6 +334,11 @@ __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
   if (subscriber != nullptr) {
     cuptiUnsubscribe(subscriber);
     subscriber = nullptr;
+    {
+      // a capture the profiler's time begins goes uncounted: the gate asks each stream from now
+      std::lock_guard<std::mutex> streams(gate().mu);
+      gate().captures_counted.store(false);
+    }
     publish_state(kDriverReleased);
   }
   return state.load();

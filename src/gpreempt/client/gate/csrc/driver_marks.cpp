@@ -37,7 +37,6 @@ void give_event(Gate& g, CUcontext ctx, CUevent e, bool timed) {
 void give_mark(Gate& g, CUcontext ctx, const Mark& m) {
   give_event(g, ctx, m.event, m.timed);
   give_event(g, ctx, m.before, true);
-  give_event(g, ctx, m.fence, false);
 }
 
 namespace {
@@ -258,20 +257,17 @@ bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>
 // mark in kTimedEvery (every one until the GPU time per launch is known) starts a timed span,
 // which the next mark ends with a timed event before its barrier: the time a barrier held the
 // stream (for a server's request) is no GPU time of the launches, and counted as such it would
-// shrink the barriers' spacing and the window.
+// shrink the barriers' spacing and the window. The check that barriers hold dates a barrier by
+// the previous mark's event (driver_verify.cpp): a mark is one barrier and one event, the least
+// a trainer that launches faster than its GPU runs pays on its CPU for each.
 bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
-  const RelaxedCapture relaxed;
+  const RelaxedCapture relaxed(capture_possible(g));
   const bool ends_span = !st.marks.empty() && st.marks.back().timed;
   BarrierNote note;
   CUevent before = nullptr;
-  CUevent fence = nullptr;
   if (barriers_hold(g, ctl)) {
-    // an event before the barrier either way: the check that barriers hold knows by it that
-    // the GPU has not reached the barrier yet (driver_verify.cpp)
     if (ends_span) {
       before = record_event(g, st.context, stream, true);
-    } else {
-      fence = record_event(g, st.context, stream, false);
     }
     if (put_barrier(g, ctl, stream, &note)) {
       add64(ctl, kOffDriverBarriers, 1);
@@ -288,12 +284,10 @@ bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   Mark m;
   if (!record_mark(g, st.context, stream, st.marks, &m, timed)) {
     give_event(g, st.context, before, true);
-    give_event(g, st.context, fence, false);
     st.since_mark = 0;  // not a barrier at every launch until a mark can be recorded
     return false;
   }
   m.before = before;
-  m.fence = fence;
   m.launches = st.since_mark;
   push_mark(st, m, note);
   st.since_mark = 0;
@@ -312,7 +306,7 @@ void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key) {
       }
       StreamState& st = it->second;
       const CurrentContext current(st.context);
-      const RelaxedCapture relaxed;
+      const RelaxedCapture relaxed(capture_possible(g));
       reap(g, st);
       if (!over_window(g, st)) {
         return;
@@ -334,7 +328,7 @@ namespace {
 void drop_stream(StreamState& st) {
   for (const std::deque<Mark>* marks : {&st.marks, &st.asleep_marks}) {
     for (const Mark& m : *marks) {
-      for (CUevent e : {m.event, m.before, m.fence}) {
+      for (CUevent e : {m.event, m.before}) {
         if (e != nullptr) {
           cu()->cuEventDestroy(e);
         }

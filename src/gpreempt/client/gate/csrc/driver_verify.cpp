@@ -2,10 +2,12 @@
 //
 // A barrier is a row of waits on host words (this gate's word, then each watched task's
 // requests and, unless it marks requests, auto_active: both in one 64-bit wait, which passes
-// once both are 0). An event before it (its mark's `before` or `fence`) completes when the GPU
-// has run the work before it, and only then does the GPU read the words
-// (benchmarks/driver_gate/wait_order.py); the mark's event behind it completes once the GPU has
-// passed its last wait.
+// once both are 0). An event before it (its mark's timed `before`, else the previous mark's
+// event, behind the previous barrier) completes when the GPU has run the work before it, and
+// only then does the GPU read the words (benchmarks/driver_gate/wait_order.py); the mark's event
+// behind it completes once the GPU has passed its last wait. The oldest mark on a stream has no
+// previous one left to tell: it is not looked at again, and a barrier that let work through
+// there is found at the next one, the GPU time of one spacing later.
 //
 // The last wait's word is read just before the barrier is put, then at each look that finds
 // the event before it pending (the word read first, the event queried after); and once more at
@@ -28,8 +30,11 @@ namespace gpreempt_driver {
 
 namespace {
 
-// The event before a mark's barrier, if it has one.
-CUevent event_before(const Mark& m) { return m.before != nullptr ? m.before : m.fence; }
+// The event before a mark's barrier, if one is left: `previous` is the mark put before it on
+// its stream (null for the oldest).
+CUevent event_before(const Mark& m, const Mark* previous) {
+  return m.before != nullptr ? m.before : previous != nullptr ? previous->event : nullptr;
+}
 
 }  // namespace
 
@@ -41,7 +46,7 @@ void verify_barriers(Gate& g, bool on) {
   }
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
-  const RelaxedCapture relaxed;
+  const RelaxedCapture relaxed(capture_possible(g));
   // the marks first: which completed since the last look (their barriers passed before now)
   static std::vector<std::pair<StreamState*, uint64_t>> passed;  // (stream, first pending mark)
   passed.clear();
@@ -71,12 +76,14 @@ void verify_barriers(Gate& g, bool on) {
   for (auto [st, pending] : passed) {
     const CurrentContext current(st->context);
     bool reached = true;
+    const Mark* previous = nullptr;
     for (const Mark& m : st->marks) {
+      const Mark* before = std::exchange(previous, &m);
       if (m.seq < pending || st->next_seq - m.seq > kNotes) {
         continue;
       }
       if (reached) {
-        const CUevent e = event_before(m);
+        const CUevent e = event_before(m, before);
         reached = e == nullptr || cu()->cuEventQuery(e) != CUDA_ERROR_NOT_READY;
       }
       if (!reached) {
