@@ -47,3 +47,27 @@ def test_each_gated_turn_says_how_many_launches_its_gate_saw(tmp_path) -> None:
     assert overhead.seen_per_step(turns, "k", "defaults") == 30.0
     assert overhead.seen_per_step(turns, "k", "awake") is None
     assert overhead.seen_per_step(turns, "k", "ungated") is None
+
+
+def test_the_table_tells_a_trainer_bound_by_its_cpu_from_one_bound_by_its_gpu(capsys) -> None:
+    """A turn's queued work left after its loop and its main thread's CPU share, medians per
+    configuration, printed beside the ratios; files written before they were recorded print
+    as before."""
+    overhead = load_script("benchmarks/driver_gate/overhead.py")
+    turns = [
+        {"kind": "k", "config": c, "turn": f"{r}:1", "steps": steps, "s": 1.0,
+         "drain_s": drain, "loop_cpu": cpu}
+        for r in range(3)
+        for c, steps, drain, cpu in (("ungated", 60, 0.018, 0.5), ("awake", 54, 0.0008, 0.6))
+    ]  # fmt: skip
+    assert overhead.bound_by(turns, "k", "ungated") == "   drain 18.0 ms, cpu 0.50"
+    assert overhead.bound_by(turns, "k", "awake") == "   drain 0.8 ms, cpu 0.60"
+    assert overhead.bound_by(turns, "k", "control") == ""
+    overhead.print_table(turns, ["k"], ())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("k") and "ungated" in lines[1] and "drain 18.0 ms" in lines[1]
+    assert "awake     0.900 [0.900-0.900] n=3" in lines[2] and "drain 0.8 ms" in lines[2]
+    old = [{k: v for k, v in t.items() if k not in ("drain_s", "loop_cpu")} for t in turns]
+    overhead.print_table(old, ["k"], ())
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split() for row in rows] == [["k", "awake", "0.900", "[0.900-0.900]", "n=3"]]
