@@ -78,12 +78,12 @@ void verify_barriers(Gate& g, bool on) {
     bool reached = true;
     const Mark* previous = nullptr;
     for (const Mark& m : st->marks) {
-      const Mark* before = std::exchange(previous, &m);
+      const Mark* prior = std::exchange(previous, &m);
       if (m.seq < pending || st->next_seq - m.seq > kNotes) {
         continue;
       }
       if (reached) {
-        const CUevent e = event_before(m, before);
+        const CUevent e = event_before(m, prior);
         reached = e == nullptr || cu()->cuEventQuery(e) != CUDA_ERROR_NOT_READY;
       }
       if (!reached) {
