@@ -157,9 +157,7 @@ struct Gate : HoldState<Config> {
   std::atomic<bool> background_busy{false};  // the gate's thread is calling the driver
   int64_t quiet_since_ns = 0;  // the background thread's: when it saw all work completed
   std::atomic<int> captures{0};            // stream captures under way in the process
-  // every capture under way is counted in `captures`: false for good once CUPTI went to a
-  // profiler, whose captures began unseen (mu held to read it with `captures`)
-  std::atomic<bool> captures_counted{true};
+  std::atomic<bool> captures_counted{true};  // false for good once CUPTI went to a profiler
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;
@@ -219,32 +217,27 @@ struct Guard {
   Guard& operator=(const Guard&) = delete;
 };
 
-// Whether a stream capture may be under way in the process (mu held: a capture's start waits
-// for it, driver_asleep.cpp). While none can be, the gate's calls need neither RelaxedCapture
-// nor capturing(): a mark then costs two driver calls fewer.
+// Whether a stream capture may be under way (mu held: a capture's start waits for it); while
+// none can be, a mark needs neither RelaxedCapture nor capturing(), three driver calls.
 inline bool capture_possible(const Gate& g) {
   return g.captures.load(std::memory_order_relaxed) != 0 ||
          !g.captures_counted.load(std::memory_order_relaxed);
 }
 
-// Our calls must not disturb a graph another thread captures in global mode.
-// `needed` false (no capture can be under way: capture_possible) leaves the mode as it is.
+// Our calls must not disturb a graph another thread captures in global mode (`needed`: one may).
 class RelaxedCapture {
  public:
-  explicit RelaxedCapture(bool needed = true) : needed_(needed) {
-    if (needed_) {
-      cu()->cuThreadExchangeStreamCaptureMode(&mode_);
-    }
-  }
-  ~RelaxedCapture() {
-    if (needed_) {
-      cu()->cuThreadExchangeStreamCaptureMode(&mode_);
-    }
-  }
+  explicit RelaxedCapture(bool needed = true) : needed_(needed) { exchange(); }
+  ~RelaxedCapture() { exchange(); }
   RelaxedCapture(const RelaxedCapture&) = delete;
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 
  private:
+  void exchange() {
+    if (needed_) {
+      cu()->cuThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
   bool needed_;
   CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
 };
