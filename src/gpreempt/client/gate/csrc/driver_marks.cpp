@@ -258,8 +258,9 @@ bool record_mark(Gate& g, CUcontext ctx, CUstream stream, const std::deque<Mark>
 // which the next mark ends with a timed event before its barrier: the time a barrier held the
 // stream (for a server's request) is no GPU time of the launches, and counted as such it would
 // shrink the barriers' spacing and the window. The check that barriers hold dates a barrier by
-// the previous mark's event (driver_verify.cpp): a mark is one barrier and one event, the least
-// a trainer that launches faster than its GPU runs pays on its CPU for each.
+// the previous mark's event (driver_verify.cpp), so a mark is one barrier and one event: each
+// driver call costs the launching thread 1-3 us, which a trainer whose CPU only keeps pace with
+// its GPU pays in speed (benchmarks/driver_gate/mark_profile.patch).
 bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   const RelaxedCapture relaxed(capture_possible(g));
   const bool ends_span = !st.marks.empty() && st.marks.back().timed;

@@ -5,9 +5,9 @@
 // once both are 0). An event before it (its mark's timed `before`, else the previous mark's
 // event, behind the previous barrier) completes when the GPU has run the work before it, and
 // only then does the GPU read the words (benchmarks/driver_gate/wait_order.py); the mark's event
-// behind it completes once the GPU has passed its last wait. The oldest mark on a stream has no
-// previous one left to tell: it is not looked at again, and a barrier that let work through
-// there is found at the next one, the GPU time of one spacing later.
+// behind it completes once the GPU has passed its last wait. The oldest mark left on a stream
+// has no event before it (the previous mark retired): its word is not read again, and a barrier
+// that let work through there is found at the next one, one spacing of GPU time later.
 //
 // The last wait's word is read just before the barrier is put, then at each look that finds
 // the event before it pending (the word read first, the event queried after); and once more at
