@@ -336,7 +336,7 @@ __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
     subscriber = nullptr;
     {
       // a capture the profiler's time begins goes uncounted: the gate asks each stream from now
-      std::lock_guard<std::mutex> lock(gate().mu);
+      std::lock_guard<std::mutex> gate_lock(gate().mu);
       gate().captures_counted.store(false);
     }
     publish_state(kDriverReleased);
