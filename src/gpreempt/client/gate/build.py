@@ -29,7 +29,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -111,6 +111,41 @@ def library_file_name(prefix: str, sources: Iterable[Path], *extra: str) -> str:
     for item in extra:
         digest.update(item.encode())
     return f"{prefix}{digest.hexdigest()[:16]}.so"
+
+
+# How every native library of the gate is compiled (the plain ones and the HIP gate's).
+SHARED_LIBRARY_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
+
+
+def build_plain_library(
+    what: str,
+    folder: str,
+    prefix: str,
+    sources: Sequence[Path],
+    headers: Sequence[Path],
+    error: type[Exception],
+    *,
+    includes: Sequence[Path],
+    link: Sequence[str],
+    announce: bool = False,
+) -> Path:
+    """A plain C++ library the client loads by path (the driver-level gate, the request
+    counter), in ``folder`` of the cache, compiled now unless built from the same sources,
+    headers and include directories before (:func:`compile_library`); raises ``error``, in
+    one line."""
+    compiler = cxx_compiler(error)
+    name = library_file_name(prefix, (*sources, *headers), *map(str, includes))
+
+    def command(output: Path) -> list[str]:
+        return [
+            compiler, *SHARED_LIBRARY_FLAGS, *[f"-I{d}" for d in includes], *map(str, sources),
+            "-o", str(output), *link,
+        ]  # fmt: skip
+
+    try:
+        return compile_library(cache_root().parent / folder, name, command, what, announce=announce)
+    except NativeGateUnavailable as exc:
+        raise error(str(exc)) from None
 
 
 def _check_toolchain() -> None:

@@ -19,16 +19,8 @@ import os
 import sysconfig
 from pathlib import Path
 
-from .build import (
-    NativeGateUnavailable,
-    cache_root,
-    compile_library,
-    cxx_compiler,
-    library_file_name,
-    report_build,
-)
+from .build import CSRC, build_plain_library, report_build
 
-CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
 HEADERS = (
     CSRC / "driver_gate.h",
@@ -98,34 +90,16 @@ def _link_flag(directory: Path, name: str) -> str:
     return f"-l:{versions[0].name}"
 
 
-def library_name(include_dirs: list[Path]) -> str:
-    return library_file_name(LIBRARY_PREFIX, (*SOURCES, *HEADERS), *map(str, include_dirs))
-
-
 def build(*, quiet: bool = True) -> Path:
     """The built library (compiled now if not cached); raises DriverGateUnavailable."""
-    compiler = cxx_compiler(DriverGateUnavailable)
     includes = find_include_dirs()
     cupti = find_library_dir("cupti")
-
-    def command(output: Path) -> list[str]:
-        return [
-            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-            *[f"-I{d}" for d in includes], *map(str, SOURCES), "-o", str(output),
-            f"-L{cupti}", _link_flag(cupti, "cupti"), f"-Wl,-rpath,{cupti}",
-            "-ldl", "-lpthread", "-Wl,-z,defs",
-        ]  # fmt: skip
-
-    try:  # the library runs in every process of the user's commands
-        return compile_library(
-            cache_root().parent / "driver_gate",
-            library_name(includes),
-            command,
-            "the driver-level gate",
-            announce=not quiet,
-        )
-    except NativeGateUnavailable as exc:
-        raise DriverGateUnavailable(str(exc)) from None
+    link = (f"-L{cupti}", _link_flag(cupti, "cupti"), f"-Wl,-rpath,{cupti}")
+    return build_plain_library(  # the library runs in every process of the user's commands
+        "the driver-level gate", "driver_gate", LIBRARY_PREFIX, SOURCES, HEADERS,
+        DriverGateUnavailable, includes=includes, link=(*link, "-ldl", "-lpthread", "-Wl,-z,defs"),
+        announce=not quiet,
+    )  # fmt: skip
 
 
 def main() -> int:

@@ -11,9 +11,10 @@ resolved from the one the runtime loaded. The headers are looked up in
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
+
+from .build import SHARED_LIBRARY_FLAGS, cxx_compiler
 
 CSRC = Path(__file__).parent / "csrc" / "rocm"
 SOURCES = tuple(sorted(CSRC.glob("*.cpp")))
@@ -53,14 +54,11 @@ def build(
 ) -> Path:
     """Compile the library to ``target`` (linked to ``library_dir/librocprofiler-sdk.so``
     where given); raises RocmGateUnavailable with the compiler's first error."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise RocmGateUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    compiler = cxx_compiler(RocmGateUnavailable)
     includes = find_include_dirs() if include_dirs is None else include_dirs
     command = [
-        compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-        "-D__HIP_PLATFORM_AMD__", *[f"-I{d}" for d in includes], *map(str, SOURCES),
-        "-o", str(target), "-lpthread", "-ldl",
+        compiler, *SHARED_LIBRARY_FLAGS, "-D__HIP_PLATFORM_AMD__",
+        *[f"-I{d}" for d in includes], *map(str, SOURCES), "-o", str(target), "-lpthread", "-ldl",
     ]  # fmt: skip
     if library_dir is not None:
         command += [f"-L{library_dir}", "-lrocprofiler-sdk", f"-Wl,-rpath,{library_dir}"]

@@ -14,15 +14,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .build import (
-    CSRC,
-    NativeGateUnavailable,
-    cache_root,
-    compile_library,
-    cxx_compiler,
-    library_file_name,
-    report_build,
-)
+from .build import CSRC, NativeGateUnavailable, build_plain_library, report_build
 
 SOURCE = CSRC / "request_scopes.cpp"
 HEADERS = (CSRC / "gate_words.h", CSRC / "control_layout.h")
@@ -33,26 +25,12 @@ class ScopesUnavailable(NativeGateUnavailable):
     """The native counter cannot be built or loaded here; the message says why, in one line."""
 
 
-def library_name() -> str:
-    return library_file_name(LIBRARY_PREFIX, (SOURCE, *HEADERS))
-
-
 def build() -> Path:
     """The built library (compiled now if not cached); raises ScopesUnavailable."""
-    compiler = cxx_compiler(ScopesUnavailable)
-
-    def command(output: Path) -> list[str]:
-        return [
-            compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-            f"-I{CSRC}", str(SOURCE), "-o", str(output), "-lpthread", "-Wl,-z,defs",
-        ]  # fmt: skip
-
-    try:  # the library runs in every process that marks requests
-        return compile_library(
-            cache_root().parent / "request_scopes", library_name(), command, "the request counter"
-        )
-    except NativeGateUnavailable as exc:
-        raise ScopesUnavailable(str(exc)) from None
+    return build_plain_library(  # the library runs in every process that marks requests
+        "the request counter", "request_scopes", LIBRARY_PREFIX, (SOURCE,), HEADERS,
+        ScopesUnavailable, includes=(CSRC,), link=("-lpthread", "-Wl,-z,defs"),
+    )  # fmt: skip
 
 
 def build_ahead() -> None:
