@@ -51,8 +51,10 @@ offset  type   meaning
                1 on (sees and holds every launch), 2 unavailable (CUPTI's
                subscriber was taken), 3 released to a profiler, 4 failed (CUPTI could
                not be set up, or a stream barrier could not be put) (client)
-68      u32    driver_asleep: 1 while the driver-level gate's callbacks are off
-               (client)
+68      u32    driver_asleep: the driver-level gate's callbacks are off, its thread
+               putting its barriers: 1 asleep (nobody more important was active for a
+               while), 2 paced (its process queues no faster than its GPU runs);
+               0 while they are on (client)
 72      u64    driver_launches: launches the driver-level gate saw (client)
 80      u64    driver_waits: launches it held (client)
 88      u64    driver_wait_ns: nanoseconds they were held (client)
@@ -174,7 +176,8 @@ class ControlStats:
     driver_launches: int = 0
     driver_waits: int = 0
     driver_barriers: int = 0
-    driver_asleep: bool = False
+    driver_asleep: bool = False  # callbacks off: nobody more important active for a while
+    driver_paced: bool = False  # callbacks off: its process queues no faster than its GPU runs
     driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
     driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
 

@@ -267,7 +267,8 @@ class ControlBlock:
             driver_launches=self.driver_launches,
             driver_waits=_U64.unpack_from(self._map, OFF_DRIVER_WAITS)[0],
             driver_barriers=_U64.unpack_from(self._map, OFF_DRIVER_BARRIERS)[0],
-            driver_asleep=self._get32(OFF_DRIVER_ASLEEP) != 0,
+            driver_asleep=self._get32(OFF_DRIVER_ASLEEP) == 1,
+            driver_paced=self._get32(OFF_DRIVER_ASLEEP) == 2,
             driver_us_per_launch=self._get32(OFF_DRIVER_NS_PER_LAUNCH) / 1e3,
             driver_bound_waits=self._get32(OFF_DRIVER_BOUND_WAITS),
         )
@@ -286,8 +287,7 @@ class ControlBlock:
 
     @property
     def devices(self) -> frozenset[int]:
-        """The GPUs (physical indexes) the process made a CUDA context on, as its driver-level
-        gate saw them: a process may drive several GPUs without saying so."""
+        """The GPUs (physical indexes) its process made a CUDA context on, unasked for."""
         bits = _U64.unpack_from(self._map, OFF_DEVICES)[0]
         return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
 

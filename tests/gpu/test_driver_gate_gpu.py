@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    Daemon,
     gpreempt,
     progress_count,
     spawn,
@@ -222,6 +223,71 @@ def test_an_asleep_gate_puts_no_barrier_while_its_program_launches_nothing(
         assert gate()["driver_barriers"] == idle["driver_barriers"], (idle, gate())
     finally:
         stop_all(*reversed(procs))
+
+
+def _launches_seen_per_kernel(runtime_dir: Path, progress: Path, seconds: float) -> float:
+    """Of the trainer's kernels that ran in ``seconds``, the share its gate's callbacks saw."""
+    gate = _task(runtime_dir, "trainer")["gate"]
+    count = progress_count(progress)
+    time.sleep(seconds)
+    seen = _task(runtime_dir, "trainer")["gate"]["driver_launches"] - gate["driver_launches"]
+    return seen / max(1, progress_count(progress) - count)
+
+
+def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds_it(
+    runtime_dir, tmp_path, kernel_loop
+):
+    """Under a daemon that never lets a gate sleep (as beside a server busy now and then), the
+    gate of a program whose CPU keeps pace with its GPU switches its callbacks off (paced):
+    they see almost none of its launches, its thread puts the barriers, and a request still
+    holds it, with no leak."""
+    daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
+    progress, go = tmp_path / "progress", tmp_path / "go"
+    server = spawn(
+        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
+        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
+    )  # fmt: skip
+    trainer = spawn(
+        runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
+        str(kernel_loop), str(progress), "paced", "60",
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
+        gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
+        assert wait_for(lambda: gate()["driver_paced"], 10), gate()
+        barriers = gate()["driver_barriers"]
+        # the callbacks are on for 5 ms in 500 (new streams): about 1 %
+        assert _launches_seen_per_kernel(runtime_dir, progress, 1.0) < 0.1, gate()
+        assert gate()["driver_paced"] and not gate()["driver_asleep"], gate()
+        assert gate()["driver_barriers"] > barriers + 500, gate()  # one every 0.2 ms queued
+        held_to, task = stands_still_through_a_request(runtime_dir, go, progress)
+        assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after it"
+    finally:
+        stop_all(trainer, server)
+        daemon.stop()
+
+
+def test_an_awake_gate_keeps_its_callbacks_for_a_program_that_queues_in_bursts(
+    runtime_dir, tmp_path, kernel_loop
+):
+    """A program that queues 2 ms of GPU work in a moment leaves its thread's barriers 2 ms
+    apart: the trial fails at its first such span, the callbacks come back on, and the next
+    trial waits 4 s."""
+    daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
+    progress = tmp_path / "progress"
+    idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
+    server = spawn(runtime_dir, "run", *idle)
+    trainer = spawn(
+        runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
+        str(kernel_loop), str(progress), "default", "60",
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
+        time.sleep(0.5)  # its first trial failed
+        assert _launches_seen_per_kernel(runtime_dir, progress, 2.0) > 0.9
+    finally:
+        stop_all(trainer, server)
+        daemon.stop()
 
 
 def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(

@@ -358,8 +358,10 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         # GPU time per launch it spaces its barriers by (the largest of its processes')
         "driver_bound_waits": sum(b.driver_bound_waits for b in blocks),
         "driver_us_per_launch": max((b.driver_us_per_launch for b in blocks), default=0.0),
-        # its callbacks are off (barriers put by its thread)
+        # its callbacks are off, its barriers put by its thread: asleep (nobody more important
+        # active for a while) or paced (awake, its process queues no faster than its GPU runs)
         "driver_asleep": any(b.driver_asleep for b in blocks),
+        "driver_paced": any(b.driver_paced for b in blocks),
         # its GPU work passed a stream barrier while a task it watches stayed active
         "barrier_leaks": sum(c.barrier_leaks for c in task.controls.values()),
         "hold_leaks": task.counters.hold_leaks,

@@ -2,14 +2,15 @@
 // launches short kernels that count on a counter in host-mapped memory, so its GPU progress
 // can be read without a CUDA call, and writes that count to a file every 20 ms.
 //   kernel_loop PROGRESS_FILE MODE SECONDS
-// MODE: default (the legacy default stream), streams (two non-blocking streams), threads (two
-// threads, each its own stream), graph (a captured graph of 16 kernels, replayed), deep (one
-// stream, queued about 0.25 s ahead of the GPU, as JAX or CuPy run ahead), idle (default, then
-// as long again alive without launching, as a trainer waiting on its input), devices (one
-// thread driving every visible GPU in turn, each on its legacy default stream and on a stream
-// of its own, as a process of single-process data parallelism does; the count is their sum),
-// reset (default for 0.3 s, then cudaDeviceReset, which destroys the context, and default in
-// the new one for the rest).
+// MODE: default (the legacy default stream, waiting for it every 64 kernels: about 2 ms of GPU
+// work queued in a moment), paced (the same, waiting every 4: its CPU keeps pace with its GPU),
+// streams (two non-blocking streams), threads (two threads, each its own stream), graph (a
+// captured graph of 16 kernels, replayed), deep (one stream, queued about 0.25 s ahead of the
+// GPU, as JAX or CuPy run ahead), idle (default, then as long again alive without launching,
+// as a trainer waiting on its input), devices (one thread driving every visible GPU in turn,
+// each on its legacy default stream and on a stream of its own, as a process of single-process
+// data parallelism does; the count is their sum), reset (default for 0.3 s, then
+// cudaDeviceReset, which destroys the context, and default in the new one for the rest).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
   };
   if (mode == "default") {
     loop_on(0);
+  } else if (mode == "paced") {
+    loop_on(0, 4);
   } else if (mode == "reset") {
     const auto reset_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
     while (std::chrono::steady_clock::now() < reset_at) {

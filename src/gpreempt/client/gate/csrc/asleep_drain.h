@@ -16,8 +16,18 @@
 // that never waits for its GPU fills its queue as fast as its CPU launches, at its start and
 // after each time it waited, leaving long spans that a moment of waiting does not outweigh:
 // only a backlog that lasts wakes the gate, not the filling of a queue.
+//
+// Paced: a gate that is awake (a more important task was active lately) but whose process
+// queues no faster than its GPU runs needs its callbacks no more than an asleep one does. Its
+// thread then puts a barrier every barrier spacing of wall time, which for such a process is
+// about one every spacing of GPU work, as the callbacks would put them; CUPTI's callback on
+// every launch costs it nothing. A process that queues faster leaves longer spans: once a
+// request would wait for more than kPacedMaxWaitNs on average, the trial failed (PacedDrain),
+// the gate's callbacks come back on, and the next trial waits twice as long as the last
+// (PacedTrials), so a process that never keeps pace (JAX, CuPy) is tried ever more rarely.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace gpreempt_asleep {
@@ -81,6 +91,34 @@ struct AsleepDrain {
 
   // The gate woke (or the stream is gone): its next sleep learns afresh.
   void reset() { *this = AsleepDrain{}; }
+};
+
+constexpr int64_t kPacedMaxWaitNs = 1000 * 1000;
+constexpr int64_t kPacedFirstHoldNs = 4LL * 1000 * 1000 * 1000;
+constexpr int64_t kPacedLongestHoldNs = 256LL * 1000 * 1000 * 1000;
+
+// One stream's reckoning while its gate is paced: kept across the gate's wakes (a more
+// important task's every request wakes it), forgotten where a trial failed.
+struct PacedDrain {
+  gpreempt_asleep::ExpectedWait wait;
+
+  // Takes in the GPU time of one span (ms): true where a request would now wait too long.
+  bool too_long(double ms) {
+    wait.learn(ms);
+    return wait.ms() * 1e6 > static_cast<double>(kPacedMaxWaitNs);
+  }
+};
+
+// When the gate may try pacing again (the gate's thread's alone).
+struct PacedTrials {
+  int64_t not_before_ns = 0;
+  int64_t hold_ns = kPacedFirstHoldNs;  // the wait after the next trial that fails
+
+  bool allowed(int64_t now) const { return now >= not_before_ns; }
+  void failed(int64_t now) {
+    not_before_ns = now + hold_ns;
+    hold_ns = std::min(hold_ns * 2, kPacedLongestHoldNs);
+  }
 };
 
 }  // namespace gpreempt_driver

@@ -38,9 +38,11 @@ bool nothing_to_hold(CUstream stream) {
 
 // Retires the stream's completed asleep marks, learning the GPU time of the work between each
 // two: their distance on the GPU, less the time between their records where the GPU had
-// reached the first before the second was put (it may have idled that long). The stream's
-// AsleepDrain (asleep_drain.h) says when its barriers come denser or the gate wakes.
-void learn_spans(Gate& g, StreamState& st, int64_t now) {
+// reached the first before the second was put (it may have idled that long). Asleep, the
+// stream's AsleepDrain says when its barriers come denser or the gate wakes; paced, its
+// PacedDrain says whether the trial failed (the return value).
+bool learn_spans(Gate& g, StreamState& st, int64_t now, bool paced) {
+  bool failed = false;
   retire_marks(g, st.context, st.asleep_marks, [&](const Mark& first, const Mark& second) {
     double ms = span_ms(first, second);
     if (ms < 0.0) {
@@ -49,36 +51,43 @@ void learn_spans(Gate& g, StreamState& st, int64_t now) {
     if (!second.gpu_was_busy) {
       ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
     }
-    if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
+    if (paced) {
+      failed = st.paced.too_long(ms) || failed;
+    } else if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
       g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
     }
   });
+  return failed;
 }
 
 }  // namespace
 
-void asleep_barriers(Gate& g, int64_t now) {
+bool asleep_barriers(Gate& g, int64_t now, bool paced) {
   static int64_t last_ns = 0;  // the gate's one thread calls this
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || now - last_ns < kAsleepDenseBarrierNs || !barriers_hold(g, ctl)) {
-    return;
+  // paced, every stream's barriers come every barrier spacing; the loop's jitter allowed for
+  const int64_t paced_ns = static_cast<int64_t>(g.cfg.barrier_us * 1e3);
+  const int64_t jitter = paced ? paced_ns / 4 : kAsleepDenseBarrierNs / 2;
+  if (ctl == nullptr || now - last_ns < 2 * jitter || !barriers_hold(g, ctl)) {
+    return false;
   }
   last_ns = now;
   const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
   if (g.captures.load() != 0) {
-    return;
+    return false;
   }
   const RelaxedCapture relaxed;
+  bool failed = false;
   for (auto& [key, st] : g.streams) {
     const CUstream stream = key.stream;
     const CurrentContext current(st.context);
-    learn_spans(g, st, now);
+    failed = learn_spans(g, st, now, paced) || failed;
     if (now < st.asleep_next_ns || st.asleep_marks.size() >= kAsleepMarksMax ||
         capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
-    st.asleep_next_ns = now + st.drain.every_ns - kAsleepDenseBarrierNs / 2;  // the loop's jitter
+    st.asleep_next_ns = now + (paced ? paced_ns : st.drain.every_ns) - jitter;
     // a span is timed in one of kAsleepTimedEvery: from a timed mark's event to a timed event
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)
@@ -99,6 +108,12 @@ void asleep_barriers(Gate& g, int64_t now) {
       give_event(g, st.context, before, true);
     }
   }
+  if (failed) {
+    for (auto& [key, st] : g.streams) {
+      st.paced = PacedDrain{};  // the next trial learns afresh
+    }
+  }
+  return failed;
 }
 
 void discover_streams(Gate& g, int64_t now) {

@@ -67,22 +67,19 @@ struct Config : HoldConfig {
 // (docs/results.md).
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 constexpr uint64_t kAsleepTimedEvery = 4;
-// Asleep marks a stream may have pending at most: half a second of dense barriers, since a loop
-// that never waits for its GPU (CuPy, JAX) may queue as much as the driver takes, and a queue
-// past the last barrier would not be held (beyond this, none is added, and the long span that
-// leaves wakes the gate).
+// Asleep marks a stream may have pending at most: half a second of dense barriers (a loop that
+// never waits for its GPU may queue as much as the driver takes; the long span left past the
+// last wakes the gate).
 constexpr size_t kAsleepMarksMax = 2048;
-// The callbacks see which streams a process launches on; asleep, they do not. While barriers
-// hold, the gate therefore wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
-// start to hold), so that a process that fell asleep before anyone outranked it, or made a new
-// stream since, gets barriers on every stream it uses.
+// The callbacks see which streams a process launches on; asleep or paced, they do not. While
+// barriers hold, the gate wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
+// start to hold), so that every stream a process made since gets barriers.
 constexpr int64_t kDiscoverNs = 5 * 1000 * 1000;
 constexpr int64_t kDiscoverEveryNs = 500LL * 1000 * 1000;
 
-// One mark in kTimedEvery starts a timed span: a timed event costs an H100 about 1.8 us where an
-// untimed one costs it nothing measurable (benchmarks/driver_gate/barrier_cost.cu), and a span
-// takes two. With a mark every 0.2 ms of GPU time, one in 32 still learns the GPU time per
-// launch every few milliseconds, for 0.1 us a mark.
+// One mark in kTimedEvery starts a timed span: a timed event costs an H100 about 1.8 us, an
+// untimed one nothing measurable (benchmarks/driver_gate/barrier_cost.cu). With a mark every
+// 0.2 ms of GPU time, one in 32 learns the GPU time per launch every few ms, for 0.1 us a mark.
 constexpr uint64_t kTimedEvery = 32;
 // How often a launch that waits for its stream's work in flight to fall within the window looks
 // again (bound_wait).
@@ -143,6 +140,7 @@ struct StreamState {
   std::deque<Mark> marks;      // marks not yet known to be complete, oldest first
   std::deque<Mark> asleep_marks;  // the barriers' events put while asleep, oldest first
   AsleepDrain drain;              // what its asleep barriers leave a request to wait for
+  PacedDrain paced;               // ... and its paced ones
   int64_t asleep_next_ns = 0;     // its next asleep barrier, not before
   uint64_t asleep_count = 0;      // asleep marks put on it
   uint64_t next_seq = 0;            // the seq of its next mark
@@ -159,6 +157,9 @@ struct Gate : HoldState<Config> {
   std::atomic<int> captures{0};            // stream captures under way in the process
   std::atomic<bool> captures_counted{true};  // false for good once CUPTI went to a profiler
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
+  std::atomic<bool> per_thread{false};  // it launched on a per-thread default stream
+  bool pacing_on = true;   // the gate may pace (GPREEMPT_DRIVER_PACED, read at cuInit)
+  PacedTrials trials;      // when it may try pacing again (the gate's thread's)
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;
   // events to use again, per context: an event can be recorded only on a stream of its own
@@ -372,9 +373,9 @@ void check_idle(Gate& g, int64_t now);
 
 // driver_asleep.cpp
 // Called by the background thread while the callbacks are off: barriers on every known stream
-// every kAsleepBarrierNs (kAsleepDenseBarrierNs on a backlogged one), and the spans between
-// them learned.
-void asleep_barriers(Gate& g, int64_t now);
+// every kAsleepBarrierNs (kAsleepDenseBarrierNs on a backlogged one; paced, every barrier
+// spacing), and the spans between them learned; true where a paced trial failed.
+bool asleep_barriers(Gate& g, int64_t now, bool paced);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
 // The gate woke: every stream's asleep marks' events go back to the spares and its spans are

@@ -127,6 +127,9 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
                        ? own
                        : data->context;
       store32(ctl, kOffDriverStreams, static_cast<uint32_t>(g.streams.size()));
+      if (key.stream == CU_STREAM_PER_THREAD) {
+        g.per_thread.store(true);  // no pacing: the gate's thread cannot put its barriers
+      }
     }
     st.dirty = true;
     ++st.since_mark;

@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "driver_gate.h"
@@ -109,7 +110,10 @@ constexpr CUpti_CallbackId kStreamGone[] = {
 std::mutex& cupti_mu = *new std::mutex();
 CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<uint32_t> state{kDriverNone};
-std::atomic<bool> asleep{false};
+// What the gate's callbacks do: on (awake), or off with the gate's thread putting barriers
+// (asleep, paced: asleep_drain.h). The control block's driver_asleep word says which.
+enum class Mode : uint32_t { kAwake = 0, kAsleep = 1, kPaced = 2 };
+std::atomic<Mode> current{Mode::kAwake};  // subscribe() switches every callback on
 
 void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
                              CUpti_CallbackId cbid, const void* cbdata) {
@@ -170,7 +174,10 @@ uint32_t subscribe() {
   ok = enable_capture_callbacks(subscriber) && ok;
   ok = enable_context_callbacks(subscriber) && ok;
   ok = enable_held(true) && ok;
-  asleep.store(false);
+  current.store(Mode::kAwake);
+  if (uint8_t* ctl = gate().ctl.load(std::memory_order_acquire); ctl != nullptr) {
+    store32(ctl, kOffDriverAsleep, static_cast<uint32_t>(Mode::kAwake));
+  }
   if (!ok) {
     cuptiUnsubscribe(subscriber);
     subscriber = nullptr;
@@ -179,26 +186,57 @@ uint32_t subscribe() {
   return kDriverOn;
 }
 
-// Whether the gate may switch its callbacks off: never while its gate is closed or a watched
-// task is active. A task nothing preempts (not bound) needs them otherwise only to tell its
+// Which mode the gate should be in. Never off while its gate is closed or a watched task is
+// active. A task nothing preempts (not bound) needs its callbacks otherwise only to tell its
 // activity where neither the operator gate nor request() does; it sleeps else, since CUPTI's
 // callbacks cost a server every launch. A task that may be preempted needs them for its
 // barriers while a more important task may start: it sleeps once the daemon says none was
-// active for a while (sleep_ok) and no backlog keeps it awake.
-bool may_sleep(Gate& g, const uint8_t* ctl, int64_t now) {
+// active for a while (sleep_ok) and no backlog keeps it awake; before that, it paces while its
+// barriers hold, its last trial did not fail lately, and no thread launches on its per-thread
+// default stream (a stream no other thread can put barriers on).
+Mode wanted_mode(Gate& g, const uint8_t* ctl, int64_t now) {
   const bool needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
                               load32(ctl, kOffHinted) == 0;
   if (needs_launches || load32(ctl, kOffGateClosed) != 0 ||
       watched_active(g.watch.load(std::memory_order_acquire))) {
-    return false;
+    return Mode::kAwake;
   }
-  return !g.cfg.bound || (load32(ctl, kOffSleepOk) != 0 &&
-                          now >= g.awake_until_ns.load(std::memory_order_relaxed));
+  if (!g.cfg.bound) {
+    return Mode::kAsleep;
+  }
+  if (now < g.awake_until_ns.load(std::memory_order_relaxed)) {
+    return Mode::kAwake;
+  }
+  if (load32(ctl, kOffSleepOk) != 0) {
+    return Mode::kAsleep;
+  }
+  return g.pacing_on && g.trials.allowed(now) && barriers_hold(g, ctl) &&
+                 !g.per_thread.load(std::memory_order_relaxed)
+             ? Mode::kPaced
+             : Mode::kAwake;
+}
+
+// Switches to `want`: the callbacks on or off where that changes (false where CUPTI would
+// not), the word, and the asleep marks forgotten, so that each mode learns its spans afresh.
+bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu);
+    if (subscriber == nullptr || current.load() != from) {
+      return false;  // released, or taken back (every callback on) since `from` was read
+    }
+    if ((from == Mode::kAwake) != (want == Mode::kAwake) && !enable_held(want == Mode::kAwake)) {
+      return false;
+    }
+    current.store(want);
+    store32(ctl, kOffDriverAsleep, static_cast<uint32_t>(want));
+  }
+  forget_asleep_marks(g);
+  return true;
 }
 
 void background() {
   pthread_setname_np(pthread_self(), "gpreempt-drv");
-  Gate& g = gate();
+    Gate& g = gate();
   for (;;) {
     uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
     const int64_t now = now_ns();
@@ -207,32 +245,22 @@ void background() {
       g.background_busy.store(false);
       return;  // the driver is being torn down: no more calls into it
     }
-    const bool on = ctl != nullptr && state.load() == kDriverOn;
+            const bool on = ctl != nullptr && state.load() == kDriverOn;
+    Mode mode = current.load();
     if (on) {
       discover_streams(g, now);
-      const bool sleepy = may_sleep(g, ctl, now);
-      if (sleepy != asleep.load()) {
-        bool woke = false;
-        {
-          std::lock_guard<std::mutex> lock(cupti_mu);
-          if (subscriber != nullptr && enable_held(!sleepy)) {
-            asleep.store(sleepy);
-            store32(ctl, kOffDriverAsleep, sleepy ? 1 : 0);
-            woke = !sleepy;
-          }
-        }
-        if (woke) {
-          forget_asleep_marks(g);  // the next sleep learns its spans afresh
-        }
+      const Mode want = wanted_mode(g, ctl, now);
+      if (want != mode && switch_mode(g, ctl, mode, want)) {
+        mode = want;
       }
       check_idle(g, now);
-      if (asleep.load()) {
-        asleep_barriers(g, now);
+      if (mode != Mode::kAwake && asleep_barriers(g, now, mode == Mode::kPaced)) {
+        g.trials.failed(now);  // switched back on at the next turn
       }
     }
-    verify_barriers(g, on && !asleep.load());
+    verify_barriers(g, on && mode == Mode::kAwake);
     g.background_busy.store(false);
-    timespec pause{0, asleep.load() ? 200000 : 250000};
+    timespec pause{0, mode == Mode::kAwake ? 250000 : mode == Mode::kAsleep ? 200000 : 150000};
     nanosleep(&pause, nullptr);
   }
 }
@@ -282,8 +310,10 @@ __attribute__((visibility("default"))) int InitializeInjection() {
   if (g.initialized.exchange(true)) {
     return 1;
   }
-  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
   std::atexit(at_exit);
+  const char* pacing = getenv("GPREEMPT_DRIVER_PACED");
+  g.pacing_on = pacing == nullptr || std::string_view(pacing) != "0";
   uint32_t s = kDriverFailed;
   if (cu_load()) {
     std::lock_guard<std::mutex> lock(cupti_mu);
