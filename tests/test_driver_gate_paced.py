@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import build_gate_rule
 
-# Reads lines "span MS" (a span learned: prints "long" or "ok" and the wait in ms), "fail NOW"
+# Reads lines "span MS WALL_MS" (a span of MS of GPU work between barriers WALL_MS apart: prints
+# "long" or "ok", the wait in ms and the wall time to the next barrier in ns), "fail NOW"
 # (a trial failed at NOW ns: prints the first ns of the next) and "may NOW" (prints 1 where a
 # trial may start at NOW ns, else 0).
 PROGRAM = r"""
@@ -24,9 +25,11 @@ int main() {
   char line[128];
   while (std::fgets(line, sizeof line, stdin)) {
     double ms = 0; long long now = 0;
-    if (std::sscanf(line, "span %lf", &ms) == 1) {
-      const bool long_ = drain.too_long(ms);
-      std::printf("%s %.6f\n", long_ ? "long" : "ok", drain.wait.ms());
+    double wall = 0;
+    if (std::sscanf(line, "span %lf %lf", &ms, &wall) == 2) {
+      const bool long_ = drain.too_long(ms, wall);
+      std::printf("%s %.6f %lld\n", long_ ? "long" : "ok", drain.wait.ms(),
+                  static_cast<long long>(drain.every_ns(200000)));
     } else if (std::sscanf(line, "fail %lld", &now) == 1) {
       trials.failed(now);
       std::printf("%lld\n", static_cast<long long>(trials.not_before_ns));
@@ -57,28 +60,41 @@ def run(binary: Path, lines: list[str]) -> list[str]:
     return out.stdout.split("\n")[:-1]
 
 
-def spans(binary: Path, ms: list[float]) -> list[tuple[str, float]]:
-    rows = run(binary, [f"span {x}" for x in ms])
-    return [(verdict, float(wait)) for verdict, wait in (r.split() for r in rows)]
+def spans(binary: Path, ms: list[float], wall_ms: float = 0.2) -> list[tuple[str, float, int]]:
+    """Each span of ``ms`` learned, its barriers ``wall_ms`` apart: the verdict, the wait and
+    the wall time to the next barrier (at a spacing of 0.2 ms of GPU work) after each."""
+    rows = run(binary, [f"span {x} {wall_ms}" for x in ms])
+    return [(v, float(wait), int(every)) for v, wait, every in (r.split() for r in rows)]
 
 
 def test_a_process_that_keeps_pace_stays_paced(rule: Path) -> None:
-    """Spans of a barrier spacing, a tenth of them five times as long (a few long kernels):
-    a request would wait about half a millisecond, and the trial holds."""
-    rows = spans(rule, [1.0 if i % 10 == 0 else 0.2 for i in range(1000)])
+    """Spans of a barrier spacing, a tenth of them four times as long (a few long kernels): a
+    request would wait about 0.4 ms, and the trial holds."""
+    rows = spans(rule, [0.8 if i % 10 == 9 else 0.2 for i in range(1000)])
     assert {r[0] for r in rows} == {"ok"}
-    assert 0.3 < rows[-1][1] < 1.0
+    assert 0.3 < rows[-1][1] < 0.5
 
 
 def test_a_step_queued_at_once_fails_at_its_first_span(rule: Path) -> None:
     """A JAX or CuPy loop queues a step of GPU work in a moment of CPU: the first span the
     GPU completes is milliseconds long, and the trial fails there, not 50 spans later."""
-    assert spans(rule, [8.0])[0] == ("long", pytest.approx(8.0))
+    assert spans(rule, [8.0])[0][:2] == ("long", pytest.approx(8.0))
 
 
-def test_a_wait_over_a_millisecond_fails_and_one_under_does_not(rule: Path) -> None:
-    assert spans(rule, [0.9] * 200)[-1][0] == "ok"
-    assert spans(rule, [1.1] * 200)[-1][0] == "long"
+def test_a_wait_over_half_a_millisecond_fails_and_one_under_does_not(rule: Path) -> None:
+    assert spans(rule, [0.45] * 200, wall_ms=1.0)[-1][0] == "ok"
+    assert spans(rule, [0.55] * 200, wall_ms=1.0)[-1][0] == "long"
+
+
+def test_barriers_come_closer_in_time_where_the_process_queues_faster_than_its_gpu_runs(
+    rule: Path,
+) -> None:
+    """A process that queues 0.3 ms of GPU work in each 0.2 ms of wall time gets its barriers
+    every 0.133 ms, 0.2 ms of GPU work apart; one that queues twice as fast as its GPU runs,
+    at the loop's tick (0.1 ms); one that queues slower, every 0.2 ms."""
+    assert spans(rule, [0.3] * 50)[-1][2] == pytest.approx(133_333, abs=10)
+    assert spans(rule, [0.45] * 50)[-1][2] == 100_000
+    assert spans(rule, [0.1] * 50)[-1][2] == 200_000
 
 
 def test_a_failed_trial_doubles_the_wait_for_the_next_up_to_256_s(rule: Path) -> None:

@@ -18,13 +18,15 @@
 // only a backlog that lasts wakes the gate, not the filling of a queue.
 //
 // Paced: a gate that is awake (a more important task was active lately) but whose process
-// queues no faster than its GPU runs needs its callbacks no more than an asleep one does. Its
-// thread then puts a barrier every barrier spacing of wall time, which for such a process is
-// about one every spacing of GPU work, as the callbacks would put them; CUPTI's callback on
-// every launch costs it nothing. A process that queues faster leaves longer spans: once a
-// request would wait for more than kPacedMaxWaitNs on average, the trial failed (PacedDrain),
-// the gate's callbacks come back on, and the next trial waits twice as long as the last
-// (PacedTrials), so a process that never keeps pace (JAX, CuPy) is tried ever more rarely.
+// queues about as fast as its GPU runs needs its callbacks no more than an asleep one does. Its
+// thread then puts the barriers, a barrier spacing of GPU work apart: the spans tell how much
+// GPU work the process queues per unit of wall time, and the thread's barriers come that much
+// closer in time (down to kPacedMinNs, its loop's tick); CUPTI's callback on every launch costs
+// the process nothing. A process that queues much faster (a step at once, as JAX and CuPy do)
+// leaves longer spans: once a request would wait for more than kPacedMaxWaitNs on average, the
+// trial failed (PacedDrain), the gate's callbacks come back on, and the next trial waits twice
+// as long as the last (PacedTrials), so a process that never keeps pace is tried ever more
+// rarely.
 #pragma once
 
 #include <algorithm>
@@ -93,7 +95,8 @@ struct AsleepDrain {
   void reset() { *this = AsleepDrain{}; }
 };
 
-constexpr int64_t kPacedMaxWaitNs = 1000 * 1000;
+constexpr int64_t kPacedMaxWaitNs = 500 * 1000;
+constexpr int64_t kPacedMinNs = 100 * 1000;
 constexpr int64_t kPacedFirstHoldNs = 4LL * 1000 * 1000 * 1000;
 constexpr int64_t kPacedLongestHoldNs = 256LL * 1000 * 1000 * 1000;
 
@@ -101,11 +104,21 @@ constexpr int64_t kPacedLongestHoldNs = 256LL * 1000 * 1000 * 1000;
 // important task's every request wakes it), forgotten where a trial failed.
 struct PacedDrain {
   gpreempt_asleep::ExpectedWait wait;
+  double rate = 1.0;  // GPU time the process queues per unit of wall time, of late
 
-  // Takes in the GPU time of one span (ms): true where a request would now wait too long.
-  bool too_long(double ms) {
+  // Takes in one span: `ms` of GPU work between two barriers put `wall_ms` apart; true where a
+  // request would now wait too long.
+  bool too_long(double ms, double wall_ms) {
+    if (wall_ms > 0.0) {
+      rate = 0.7 * rate + 0.3 * (ms / wall_ms);
+    }
     wait.learn(ms);
     return wait.ms() * 1e6 > static_cast<double>(kPacedMaxWaitNs);
+  }
+  // The wall time between two barriers that leaves `spacing_ns` of GPU work between them.
+  int64_t every_ns(int64_t spacing_ns) const {
+    const double every = static_cast<double>(spacing_ns) / std::max(rate, 1.0);
+    return std::max(kPacedMinNs, static_cast<int64_t>(every));
   }
 };
 

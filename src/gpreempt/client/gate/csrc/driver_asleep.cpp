@@ -52,7 +52,8 @@ bool learn_spans(Gate& g, StreamState& st, int64_t now, bool paced) {
       ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
     }
     if (paced) {
-      failed = st.paced.too_long(ms) || failed;
+      const double wall_ms = static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6;
+      failed = st.paced.too_long(ms, wall_ms) || failed;
     } else if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
       g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
     }
@@ -65,9 +66,10 @@ bool learn_spans(Gate& g, StreamState& st, int64_t now, bool paced) {
 bool asleep_barriers(Gate& g, int64_t now, bool paced) {
   static int64_t last_ns = 0;  // the gate's one thread calls this
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  // paced, every stream's barriers come every barrier spacing; the loop's jitter allowed for
-  const int64_t paced_ns = static_cast<int64_t>(g.cfg.barrier_us * 1e3);
-  const int64_t jitter = paced ? paced_ns / 4 : kAsleepDenseBarrierNs / 2;
+  // paced, a stream's barriers come a barrier spacing of its GPU work apart; the loop's jitter
+  // allowed for
+  const int64_t spacing_ns = static_cast<int64_t>(g.cfg.barrier_us * 1e3);
+  const int64_t jitter = paced ? kPacedMinNs / 4 : kAsleepDenseBarrierNs / 2;
   if (ctl == nullptr || now - last_ns < 2 * jitter || !barriers_hold(g, ctl)) {
     return false;
   }
@@ -87,7 +89,8 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
         capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
-    st.asleep_next_ns = now + (paced ? paced_ns : st.drain.every_ns) - jitter;
+    st.asleep_next_ns =
+        now + (paced ? st.paced.every_ns(spacing_ns) : st.drain.every_ns) - jitter;
     // a span is timed in one of kAsleepTimedEvery: from a timed mark's event to a timed event
     // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
     // nothing measurable)

@@ -260,7 +260,7 @@ void background() {
     }
     verify_barriers(g, on && mode == Mode::kAwake);
     g.background_busy.store(false);
-    timespec pause{0, mode == Mode::kAwake ? 250000 : mode == Mode::kAsleep ? 200000 : 150000};
+    timespec pause{0, mode == Mode::kAwake ? 250000 : mode == Mode::kAsleep ? 200000 : 50000};
     nanosleep(&pause, nullptr);
   }
 }
