@@ -236,7 +236,7 @@ bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
 
 void background() {
   pthread_setname_np(pthread_self(), "gpreempt-drv");
-    Gate& g = gate();
+  Gate& g = gate();
   for (;;) {
     uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
     const int64_t now = now_ns();
@@ -245,7 +245,7 @@ void background() {
       g.background_busy.store(false);
       return;  // the driver is being torn down: no more calls into it
     }
-            const bool on = ctl != nullptr && state.load() == kDriverOn;
+    const bool on = ctl != nullptr && state.load() == kDriverOn;
     Mode mode = current.load();
     if (on) {
       discover_streams(g, now);
@@ -310,7 +310,7 @@ __attribute__((visibility("default"))) int InitializeInjection() {
   if (g.initialized.exchange(true)) {
     return 1;
   }
-    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
   std::atexit(at_exit);
   const char* pacing = getenv("GPREEMPT_DRIVER_PACED");
   g.pacing_on = pacing == nullptr || std::string_view(pacing) != "0";
