@@ -71,3 +71,22 @@ def test_the_table_tells_a_trainer_bound_by_its_cpu_from_one_bound_by_its_gpu(ca
     overhead.print_table(old, ["k"], ())
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [row.split() for row in rows] == [["k", "awake", "0.900", "[0.900-0.900]", "n=3"]]
+
+
+def test_each_awake_variant_is_weighed_against_awake_round_by_round(capsys) -> None:
+    """The rounds' drift cancels out of a pair measured in one round: under each variant's row,
+    ``awake`` over it per round, and the rounds ``awake`` was ahead in."""
+    overhead = load_script("benchmarks/driver_gate/overhead.py")
+    speeds = [(100, 90, 80), (50, 48, 44), (80, 60, 66)]  # ungated, awake, the variant
+    turns = [
+        {"kind": "k", "config": c, "turn": f"{r}:1", "steps": steps, "s": 1.0}
+        for r, row in enumerate(speeds)
+        for c, steps in zip(("ungated", "awake", "awake:V=0"), row, strict=True)
+    ]
+    overhead.print_table(turns, ["k"], ("V=0",))
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.split() == [
+        "awake", "over", "it,", "round", "by", "round:", "1.091", "[0.909-1.125],", "ahead",
+        "in", "2", "of", "3",
+    ]  # fmt: skip
+    assert overhead.against_awake(turns, "k", "awake:W=1") == ""

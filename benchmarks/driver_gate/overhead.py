@@ -220,14 +220,27 @@ def placed(records: list[dict], orders: list[list[str]]) -> list[dict]:
     return out
 
 
-def ratios(turns: list[dict], kind: str, config: str) -> list[float]:
-    """Per round: steps per second of ``config`` over ``ungated``'s."""
+def ratios(turns: list[dict], kind: str, config: str, base: str = "ungated") -> list[float]:
+    """Per round: steps per second of ``config`` over ``base``'s."""
     rate = {(t["config"], t["turn"]): t["steps"] / t["s"] for t in turns if t["kind"] == kind}
     return [
-        rate[(config, key)] / rate[("ungated", key)]
+        rate[(config, key)] / rate[(base, key)]
         for (c, key) in rate
-        if c == config and ("ungated", key) in rate
+        if c == config and (base, key) in rate
     ]
+
+
+def against_awake(turns: list[dict], kind: str, variant: str) -> str:
+    """``awake`` over an awake variant round by round (the rounds' drift cancels out of a pair
+    measured in one round): the median, the spread and the rounds ``awake`` was ahead in."""
+    r = ratios(turns, kind, "awake", base=variant)
+    if not r:
+        return ""
+    ahead = sum(x > 1.0 for x in r)
+    return (
+        f"{'':32s} awake over it, round by round: {statistics.median(r):.3f} "
+        f"[{min(r):.3f}-{max(r):.3f}], ahead in {ahead} of {len(r)}"
+    )
 
 
 def seen_per_step(turns: list[dict], kind: str, config: str) -> float | None:
@@ -254,7 +267,8 @@ def print_table(turns: list[dict], kinds: list[str], variants: tuple[str, ...]) 
     """Each configuration's ratio of ``ungated``: the median and the spread of the rounds;
     for gated copies, the launches per step their callbacks saw (an asleep gate's share of
     its awake one's tells how long it was awake); where recorded, the queued work left at the
-    end of a turn and the main thread's CPU share (:func:`bound_by`)."""
+    end of a turn and the main thread's CPU share (:func:`bound_by`); under each awake
+    variant, ``awake`` over it round by round (:func:`against_awake`)."""
     print(
         f"{'kind':22s} {'config':9s} ratio of ungated: median [min-max] over rounds"
         "   launches seen per step"
@@ -272,6 +286,8 @@ def print_table(turns: list[dict], kinds: list[str], variants: tuple[str, ...]) 
                 )
             elif config == "ungated" and bound_by(turns, kind, config):
                 print(f"{kind:22s} {config:9s} {'':24s}" + bound_by(turns, kind, config))
+            if config.startswith("awake:") and against_awake(turns, kind, config):
+                print(against_awake(turns, kind, config))
 
 
 def main() -> int:
