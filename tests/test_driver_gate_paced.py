@@ -13,7 +13,8 @@ from conftest import build_gate_rule
 # Reads lines "span MS WALL_MS" (a span of MS of GPU work between barriers WALL_MS apart: prints
 # "long" or "ok", the wait in ms and the wall time to the next barrier in ns), "fail NOW"
 # (a trial failed at NOW ns: prints the first ns of the next) and "may NOW" (prints 1 where a
-# trial may start at NOW ns, else 0).
+# trial may start at NOW ns, else 0) and "deep N SPACING_NS WINDOW_MS" (prints 1 where N paced
+# marks in flight are too many, else 0).
 PROGRAM = r"""
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,8 @@ int main() {
       std::printf("%lld\n", static_cast<long long>(trials.not_before_ns));
     } else if (std::sscanf(line, "may %lld", &now) == 1) {
       std::printf("%d\n", trials.allowed(now) ? 1 : 0);
+    } else if (unsigned long n = 0; std::sscanf(line, "deep %lu %lld %lf", &n, &now, &ms) == 3) {
+      std::printf("%d\n", paced_too_deep(n, now, ms) ? 1 : 0);
     } else {
       return 2;
     }
@@ -108,3 +111,12 @@ def test_a_failed_trial_doubles_the_wait_for_the_next_up_to_256_s(rule: Path) ->
 def test_no_trial_before_its_wait_is_over(rule: Path) -> None:
     lines = ["may 0", "fail 10", "may 11", f"may {10 + 4 * S - 1}", f"may {10 + 4 * S}"]
     assert run(rule, lines) == ["1", str(10 + 4 * S), "0", "0", "1"]
+
+
+def test_a_queue_twice_as_deep_as_the_window_fails_at_once(rule: Path) -> None:
+    """Spans are judged once the GPU ran them, and nothing else bounds a paced queue: a
+    process that queues far ahead fails as soon as its marks in flight come to more than
+    twice its window (25 ms of GPU work at 0.2 ms a mark: 250 marks), before the GPU reaches
+    them."""
+    lines = ["deep 250 200000 25", "deep 251 200000 25", "deep 11 200000 1"]
+    assert run(rule, lines) == ["0", "1", "1"]

@@ -26,10 +26,15 @@
 // leaves longer spans: once a request would wait for more than kPacedMaxWaitNs on average, the
 // trial failed (PacedDrain), the gate's callbacks come back on, and the next trial waits twice
 // as long as the last (PacedTrials), so a process that never keeps pace is tried ever more
-// rarely.
+// rarely. Spans are judged only once the GPU ran them, so a trial starts only where no stream
+// has more than kPacedStartMarks marks in flight (about 2 ms of GPU work), and the first
+// kPacedTimedFirst spans of a trial are all timed: they are judged within milliseconds. Without
+// the callbacks nothing bounds the queue: a stream whose paced marks in flight come to more
+// than twice its window of GPU work fails the trial at once (paced_too_deep).
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace gpreempt_asleep {
@@ -97,6 +102,8 @@ struct AsleepDrain {
 
 constexpr int64_t kPacedMaxWaitNs = 500 * 1000;
 constexpr int64_t kPacedMinNs = 100 * 1000;
+constexpr size_t kPacedStartMarks = 10;
+constexpr int kPacedTimedFirst = 8;
 constexpr int64_t kPacedFirstHoldNs = 4LL * 1000 * 1000 * 1000;
 constexpr int64_t kPacedLongestHoldNs = 256LL * 1000 * 1000 * 1000;
 
@@ -105,6 +112,7 @@ constexpr int64_t kPacedLongestHoldNs = 256LL * 1000 * 1000 * 1000;
 struct PacedDrain {
   gpreempt_asleep::ExpectedWait wait;
   double rate = 1.0;  // GPU time the process queues per unit of wall time, of late
+  int learned = 0;    // spans taken in
 
   // Takes in one span: `ms` of GPU work between two barriers put `wall_ms` apart; true where a
   // request would now wait too long.
@@ -113,6 +121,7 @@ struct PacedDrain {
       rate = 0.7 * rate + 0.3 * (ms / wall_ms);
     }
     wait.learn(ms);
+    ++learned;
     return wait.ms() * 1e6 > static_cast<double>(kPacedMaxWaitNs);
   }
   // The wall time between two barriers that leaves `spacing_ns` of GPU work between them.
@@ -121,6 +130,12 @@ struct PacedDrain {
     return std::max(kPacedMinNs, static_cast<int64_t>(every));
   }
 };
+
+// Whether `pending` paced marks in flight, `spacing_ns` of GPU work apart at the least, come to
+// more than twice `window_ms` of GPU work.
+inline bool paced_too_deep(size_t pending, int64_t spacing_ns, double window_ms) {
+  return static_cast<double>(pending) * static_cast<double>(spacing_ns) > 2.0 * window_ms * 1e6;
+}
 
 // When the gate may try pacing again (the gate's thread's alone).
 struct PacedTrials {

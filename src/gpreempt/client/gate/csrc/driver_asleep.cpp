@@ -85,15 +85,17 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     const CUstream stream = key.stream;
     const CurrentContext current(st.context);
     failed = learn_spans(g, st, now, paced) || failed;
+    failed = failed || (paced && paced_too_deep(st.asleep_marks.size(), spacing_ns,
+                                                 g.cfg.window_ms));
     if (now < st.asleep_next_ns || st.asleep_marks.size() >= kAsleepMarksMax ||
         capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
     st.asleep_next_ns =
         now + (paced ? st.paced.every_ns(spacing_ns) : st.drain.every_ns) - jitter;
-    // a span is timed in one of kAsleepTimedEvery: from a timed mark's event to a timed event
-    // before the next mark's barrier (a timed event costs the GPU about 1.8 us, an untimed one
-    // nothing measurable)
+    // a span is timed in one of kAsleepTimedEvery (each of a paced trial's first
+    // kPacedTimedFirst): from a timed mark's event to a timed event before the next mark's
+    // barrier (a timed event costs the GPU about 1.8 us, an untimed one nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
     CUevent before = ends_span ? record_event(g, st.context, stream, true) : nullptr;
     if (!put_barrier(g, ctl, stream)) {
@@ -102,8 +104,9 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     }
     add64(ctl, kOffDriverBarriers, 1);
     Mark m;
-    if (record_mark(g, st.context, stream, st.asleep_marks, &m,
-                    st.asleep_count++ % kAsleepTimedEvery == 0)) {
+    const bool timed = st.asleep_count++ % kAsleepTimedEvery == 0 ||
+                       (paced && st.paced.learned < kPacedTimedFirst);
+    if (record_mark(g, st.context, stream, st.asleep_marks, &m, timed)) {
       m.before = before;
       m.recorded_ns = now;
       st.asleep_marks.push_back(m);
@@ -134,6 +137,22 @@ void discover_streams(Gate& g, int64_t now) {
   while (until < now + kDiscoverNs &&
          !g.awake_until_ns.compare_exchange_weak(until, now + kDiscoverNs)) {
   }
+}
+
+bool may_start_pacing(Gate& g) {
+  const Guard guard;
+  std::lock_guard<std::mutex> lock(g.mu);
+  const RelaxedCapture relaxed(capture_possible(g));
+  for (auto& [key, st] : g.streams) {
+    if (st.marks.size() > kPacedStartMarks) {
+      const CurrentContext current(st.context);
+      reap(g, st);  // a stream that stopped launching keeps its last marks until reaped
+      if (st.marks.size() > kPacedStartMarks) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 void forget_asleep_marks(Gate& g) {

@@ -18,9 +18,8 @@
 //   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
 //     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
 //     the functions the Python client calls (ctypes);
-//   * driver_asleep.cpp: while the callbacks are off (nobody more important was active for a
-//     while), stream barriers put by the gate's thread, and waking the gate where the process
-//     queues faster than they bound;
+//   * driver_asleep.cpp: while the callbacks are off (asleep or paced), stream barriers put by
+//     the gate's thread, and waking the gate where the process queues faster than they bound;
 //   * driver_contexts.cpp: the GPUs the process makes contexts on, told to the daemon, and
 //     the contexts it destroys, forgotten;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
@@ -61,10 +60,8 @@ struct Config : HoldConfig {
 };
 
 // Asleep: the spacing of the thread's barriers and when a backlog wakes the gate are in
-// asleep_drain.h; a backlog keeps it awake kBacklogHoldNs. One asleep span in
-// kAsleepTimedEvery is timed: a timed event costs an H100 about 1.8 us, and with two at every
-// dense barrier a JAX loop kept 0.974 of its speed asleep, with one span in four timed 0.988
-// (docs/results.md).
+// asleep_drain.h; a backlog keeps it awake kBacklogHoldNs. One asleep span in kAsleepTimedEvery
+// is timed (a timed event costs an H100 about 1.8 us; docs/results.md).
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 constexpr uint64_t kAsleepTimedEvery = 4;
 // Asleep marks a stream may have pending at most: half a second of dense barriers (a loop that
@@ -378,9 +375,11 @@ void check_idle(Gate& g, int64_t now);
 bool asleep_barriers(Gate& g, int64_t now, bool paced);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
-// The gate woke: every stream's asleep marks' events go back to the spares and its spans are
-// forgotten, so that its next sleep learns afresh (takes mu).
+// The gate switched: every stream's asleep marks' events go back to the spares and its asleep
+// spans are forgotten (takes mu). Whether pacing may start: no stream has more than
+// kPacedStartMarks marks in flight (takes mu).
 void forget_asleep_marks(Gate& g);
+bool may_start_pacing(Gate& g);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);
 bool on_capture_call(Gate& g, CUpti_CallbackId cbid, const CUpti_CallbackData* data);

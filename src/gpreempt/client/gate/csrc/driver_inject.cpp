@@ -216,8 +216,7 @@ Mode wanted_mode(Gate& g, const uint8_t* ctl, int64_t now) {
              : Mode::kAwake;
 }
 
-// Switches to `want`: the callbacks on or off where that changes (false where CUPTI would
-// not), the word, and the asleep marks forgotten, so that each mode learns its spans afresh.
+// Switches to `want` (false where CUPTI would not): callbacks, word, asleep marks forgotten.
 bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
   {
     std::lock_guard<std::mutex> lock(cupti_mu);
@@ -249,7 +248,10 @@ void background() {
     Mode mode = current.load();
     if (on) {
       discover_streams(g, now);
-      const Mode want = wanted_mode(g, ctl, now);
+      Mode want = wanted_mode(g, ctl, now);
+      if (want == Mode::kPaced && mode == Mode::kAwake && !may_start_pacing(g)) {
+        want = Mode::kAwake;  // not yet: its queue is deep
+      }
       if (want != mode && switch_mode(g, ctl, mode, want)) {
         mode = want;
       }
