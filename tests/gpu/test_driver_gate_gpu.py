@@ -270,9 +270,9 @@ def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds
 def test_an_awake_gate_keeps_its_callbacks_for_a_program_that_queues_in_bursts(
     runtime_dir, tmp_path, kernel_loop
 ):
-    """A program that queues 2 ms of GPU work in a moment leaves its thread's barriers 2 ms
-    apart: the trial fails at its first such span, the callbacks come back on, and the next
-    trial waits 4 s."""
+    """A program that queues 2 ms of GPU work in a moment would leave its thread's barriers
+    2 ms apart: a trial, where one starts with so much in flight, fails at its first such span,
+    the callbacks come back on, and the next trial waits 4 s."""
     daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
     progress = tmp_path / "progress"
     idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
