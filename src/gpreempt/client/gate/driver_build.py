@@ -26,6 +26,7 @@ HEADERS = (
     CSRC / "driver_gate.h",
     CSRC / "asleep_drain.h",
     CSRC / "barrier_check.h",
+    CSRC / "callback_mode.h",
     CSRC / "control_layout.h",
     CSRC / "gate_words.h",
     CSRC / "launch_hold.h",

@@ -44,6 +44,7 @@
 #include "control_layout.h"
 #include "asleep_drain.h"
 #include "barrier_check.h"
+#include "callback_mode.h"
 #include "gate_words.h"
 #include "launch_hold.h"
 

@@ -110,9 +110,6 @@ constexpr CUpti_CallbackId kStreamGone[] = {
 std::mutex& cupti_mu = *new std::mutex();
 CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<uint32_t> state{kDriverNone};
-// What the gate's callbacks do: on (awake), or off with the gate's thread putting barriers
-// (asleep, paced: asleep_drain.h). The control block's driver_asleep word says which.
-enum class Mode : uint32_t { kAwake = 0, kAsleep = 1, kPaced = 2 };
 std::atomic<Mode> current{Mode::kAwake};  // subscribe() switches every callback on
 
 void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
@@ -186,34 +183,19 @@ uint32_t subscribe() {
   return kDriverOn;
 }
 
-// Which mode the gate should be in. Never off while its gate is closed or a watched task is
-// active. A task nothing preempts (not bound) needs its callbacks otherwise only to tell its
-// activity where neither the operator gate nor request() does; it sleeps else, since CUPTI's
-// callbacks cost a server every launch. A task that may be preempted needs them for its
-// barriers while a more important task may start: it sleeps once the daemon says none was
-// active for a while (sleep_ok) and no backlog keeps it awake; before that, it paces while its
-// barriers hold, its last trial did not fail lately, and no thread launches on its per-thread
-// default stream (a stream no other thread can put barriers on).
-Mode wanted_mode(Gate& g, const uint8_t* ctl, int64_t now) {
-  const bool needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
-                              load32(ctl, kOffHinted) == 0;
-  if (needs_launches || load32(ctl, kOffGateClosed) != 0 ||
-      watched_active(g.watch.load(std::memory_order_acquire))) {
-    return Mode::kAwake;
-  }
-  if (!g.cfg.bound) {
-    return Mode::kAsleep;
-  }
-  if (now < g.awake_until_ns.load(std::memory_order_relaxed)) {
-    return Mode::kAwake;
-  }
-  if (load32(ctl, kOffSleepOk) != 0) {
-    return Mode::kAsleep;
-  }
-  return g.pacing_on && g.trials.allowed(now) && barriers_hold(g, ctl) &&
-                 !g.per_thread.load(std::memory_order_relaxed)
-             ? Mode::kPaced
-             : Mode::kAwake;
+// The mode the gate should be in now (callback_mode.h).
+Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now) {
+  ModeFacts f;
+  f.bound = g.cfg.bound;
+  f.needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
+                     load32(ctl, kOffHinted) == 0;
+  f.closed = load32(ctl, kOffGateClosed) != 0;
+  f.watched_active = watched_active(g.watch.load(std::memory_order_acquire));
+  f.kept_awake = now < g.awake_until_ns.load(std::memory_order_relaxed);
+  f.sleep_ok = load32(ctl, kOffSleepOk) != 0;
+  f.may_pace = g.pacing_on && g.trials.allowed(now) && barriers_hold(g, ctl) &&
+               !g.per_thread.load(std::memory_order_relaxed);
+  return wanted_mode(f);
 }
 
 // Switches to `want` (false where CUPTI would not): callbacks, word, asleep marks forgotten.
@@ -248,7 +230,7 @@ void background() {
     Mode mode = current.load();
     if (on) {
       discover_streams(g, now);
-      Mode want = wanted_mode(g, ctl, now);
+      Mode want = mode_now(g, ctl, now);
       if (want == Mode::kPaced && mode == Mode::kAwake && !may_start_pacing(g)) {
         want = Mode::kAwake;  // not yet: its queue is deep
       }
