@@ -28,7 +28,9 @@
 // as long as the last (PacedTrials), so a process that never keeps pace is tried ever more
 // rarely. Spans are judged only once the GPU ran them, so a trial starts only where no stream
 // has more than kPacedStartMarks marks in flight (about 2 ms of GPU work), and the first
-// kPacedTimedFirst spans of a trial are all timed: they are judged within milliseconds. Without
+// kPacedTimedFirst spans of a trial are all timed: they are judged within milliseconds; a
+// stream whose first kPacedTimedFirst spans were judged short paces again after each wake
+// (each request of a more important task), whatever it queued while held. Without
 // the callbacks nothing bounds the queue: a stream whose paced marks in flight come to more
 // than twice its window of GPU work fails the trial at once (paced_too_deep).
 #pragma once

@@ -144,11 +144,13 @@ bool may_start_pacing(Gate& g) {
   std::lock_guard<std::mutex> lock(g.mu);
   const RelaxedCapture relaxed(capture_possible(g));
   for (auto& [key, st] : g.streams) {
-    if (st.marks.size() > kPacedStartMarks) {
+    // a stream whose paced spans were judged short paces again at once after each wake, though
+    // the work it queued while held is deep
+    if (st.paced.learned < kPacedTimedFirst && st.marks.size() > kPacedStartMarks) {
       const CurrentContext current(st.context);
       reap(g, st);  // a stream that stopped launching keeps its last marks until reaped
       if (st.marks.size() > kPacedStartMarks) {
-        return false;
+        return false;  // a trial now would be judged only once its deep queue ran
       }
     }
   }

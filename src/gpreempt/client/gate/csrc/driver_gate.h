@@ -377,8 +377,8 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
 // The gate switched: every stream's asleep marks' events go back to the spares and its asleep
-// spans are forgotten (takes mu). Whether pacing may start: no stream has more than
-// kPacedStartMarks marks in flight (takes mu).
+// spans are forgotten (takes mu). Whether pacing may start: no stream not yet judged to pace
+// has more than kPacedStartMarks marks in flight (takes mu).
 void forget_asleep_marks(Gate& g);
 bool may_start_pacing(Gate& g);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
