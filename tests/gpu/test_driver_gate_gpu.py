@@ -170,15 +170,31 @@ def test_a_profiler_in_a_gated_process_gets_its_profile(daemon, runtime_dir):
 
 
 def _beside_an_idle_server(
-    runtime_dir: Path, progress: Path, kernel_loop: Path, mode: str, seconds: float = 60
+    runtime_dir: Path,
+    progress: Path,
+    kernel_loop: Path,
+    mode: str,
+    seconds: float = 60,
+    server: tuple[str, ...] = ("sleep", "60"),
 ):
-    idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
-    server = spawn(runtime_dir, "run", *idle)
+    """A more important task (``server``, by default one that never uses the GPU) and
+    ``kernel_loop MODE`` as the trainer, each under ``gpreempt run`` with nothing else set."""
+    server_process = spawn(
+        runtime_dir, "run", "--priority", "high", "--name", "server", "--", *server
+    )
     trainer = spawn(
         runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
         str(kernel_loop), str(progress), mode, str(seconds),
     )  # fmt: skip
-    return server, trainer
+    return server_process, trainer
+
+
+@pytest.fixture
+def daemon_never_sleeping(runtime_dir: Path):
+    """A daemon that never lets a gate sleep, as beside a server busy now and then."""
+    daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
+    yield daemon
+    daemon.stop()
 
 
 def test_beside_an_idle_server_the_gate_sleeps_and_its_thread_puts_barriers(
@@ -235,22 +251,14 @@ def _launches_seen_per_kernel(runtime_dir: Path, progress: Path, seconds: float)
 
 
 def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds_it(
-    runtime_dir, tmp_path, kernel_loop
+    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop
 ):
-    """Under a daemon that never lets a gate sleep (as beside a server busy now and then), the
-    gate of a program whose CPU keeps pace with its GPU switches its callbacks off (paced):
-    they see almost none of its launches, its thread puts the barriers, and a request still
-    holds it, with no leak."""
-    daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
+    """Under a daemon that never lets a gate sleep, the gate of a program whose CPU keeps pace
+    with its GPU switches its callbacks off (paced): they see almost none of its launches, its
+    thread puts the barriers, and a request still holds it, with no leak."""
     progress, go = tmp_path / "progress", tmp_path / "go"
-    server = spawn(
-        runtime_dir, "run", "--priority", "high", "--name", "server", "--",
-        sys.executable, "-c", SERVER_REQUEST, str(go), "2.0",
-    )  # fmt: skip
-    trainer = spawn(
-        runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
-        str(kernel_loop), str(progress), "paced", "60",
-    )  # fmt: skip
+    server = (sys.executable, "-c", SERVER_REQUEST, str(go), "2.0")
+    procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "paced", server=server)
     try:
         assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         gate = lambda: _task(runtime_dir, "trainer")["gate"]  # noqa: E731
@@ -263,31 +271,23 @@ def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds
         held_to, task = stands_still_through_a_request(runtime_dir, go, progress)
         assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after it"
     finally:
-        stop_all(trainer, server)
-        daemon.stop()
+        stop_all(*reversed(procs))
 
 
 def test_an_awake_gate_keeps_its_callbacks_for_a_program_that_queues_in_bursts(
-    runtime_dir, tmp_path, kernel_loop
+    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop
 ):
     """A program that queues 2 ms of GPU work in a moment would leave its thread's barriers
     2 ms apart: a trial, where one starts with so much in flight, fails at its first such span,
     the callbacks come back on, and the next trial waits 4 s."""
-    daemon = Daemon(runtime_dir, "--sleep-after-s", "0")
     progress = tmp_path / "progress"
-    idle = ["--priority", "high", "--name", "server", "--", "sleep", "60"]
-    server = spawn(runtime_dir, "run", *idle)
-    trainer = spawn(
-        runtime_dir, "run", "--priority", "low", "--name", "trainer", "--",
-        str(kernel_loop), str(progress), "default", "60",
-    )  # fmt: skip
+    procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "default")
     try:
         assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
         time.sleep(0.5)  # its first trial, if one started, failed
         assert _launches_seen_per_kernel(runtime_dir, progress, 2.0) > 0.9
     finally:
-        stop_all(trainer, server)
-        daemon.stop()
+        stop_all(*reversed(procs))
 
 
 def test_a_program_that_queues_far_ahead_is_held_within_a_fraction_of_its_queue(
