@@ -48,11 +48,11 @@ bool learn_spans(Gate& g, StreamState& st, int64_t now, bool paced) {
     if (ms < 0.0) {
       return;
     }
+    const double wall_ms = static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6;
     if (!second.gpu_was_busy) {
-      ms = std::max(0.0, ms - static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6);
+      ms = std::max(0.0, ms - wall_ms);
     }
     if (paced) {
-      const double wall_ms = static_cast<double>(second.recorded_ns - first.recorded_ns) / 1e6;
       failed = st.paced.too_long(ms, wall_ms) || failed;
     } else if (st.drain.learn(ms, now) == AsleepVerdict::kWake) {
       g.awake_until_ns.store(now + kBacklogHoldNs, std::memory_order_relaxed);
