@@ -27,7 +27,7 @@ bool work_done(Gate& g) {
       if (!capturing(tail) && record_mark(g, st.context, tail, st.marks, &m, false)) {
         m.launches = st.since_mark;
         m.gpu_was_busy = false;  // a burst's tail: no span the GPU ran through to learn from
-        push_mark(st, m, BarrierNote{});
+        push_mark(st, st.marks, m, BarrierNote{});
         st.since_mark = 0;
       }
       st.dirty = false;

@@ -2,15 +2,16 @@
 // was active for a while), so no launch puts a barrier. The gate's thread puts them instead,
 // one every kAsleepBarrierNs on each stream the process launched on while awake, so the GPU
 // still stops this process's queued work within about that much of it the moment a more
-// important task starts. That holds for a process whose GPU keeps up with its CPU, the one the
-// callbacks cost most. One that queues faster than its GPU runs (JAX and CuPy run far ahead)
-// leaves more GPU work between two of them: once a request starting now would wait for more
-// than kAsleepMaxDrainNs on average (the spans between two barriers, measured on the GPU,
-// weighted by themselves), that stream's barriers come every kAsleepDenseBarrierNs, which
-// splits a step queued at once into pieces; where the wait stays too long, the gate wakes for
-// kBacklogHoldNs and its launches bound the queue again. Asleep, the gate sees no new stream:
-// while barriers hold, it wakes for a few milliseconds every half second (discover_streams) to
-// see them.
+// important task starts; once the gate wakes, the GPU-side check dates these barriers as it
+// dates the callbacks' (driver_verify.cpp). That holds for a process whose GPU keeps up with
+// its CPU, the one the callbacks cost most. One that queues faster than its GPU runs (JAX and
+// CuPy run far ahead) leaves more GPU work between two of them: once a request starting now
+// would wait for more than kAsleepMaxDrainNs on average (the spans between two barriers,
+// measured on the GPU, weighted by themselves), that stream's barriers come every
+// kAsleepDenseBarrierNs, which splits a step queued at once into pieces; where the wait stays
+// too long, the gate wakes for kBacklogHoldNs and its launches bound the queue again. Asleep,
+// the gate sees no new stream: while barriers hold, it wakes for a few milliseconds every half
+// second (discover_streams) to see them.
 //
 // A stream with nothing queued gets no barrier: the GPU would pass it at once, holding nothing,
 // and each one costs every other process on the GPU a switch to this one (docs/results.md,
@@ -22,6 +23,7 @@
 // (the gate's mutex), and no barrier is put while one is under way.
 #include <algorithm>
 #include <array>
+#include <iterator>
 
 #include "driver_gate.h"
 
@@ -98,7 +100,8 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     // barrier (a timed event costs the GPU about 1.8 us, an untimed one nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
     CUevent before = ends_span ? record_event(g, st.context, stream, true) : nullptr;
-    if (!put_barrier(g, ctl, stream)) {
+    BarrierNote note;
+    if (!put_barrier(g, ctl, stream, &note)) {
       give_event(g, st.context, before, true);
       continue;  // its context went away, say: the next try is a millisecond away
     }
@@ -109,7 +112,8 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     if (record_mark(g, st.context, stream, st.asleep_marks, &m, timed)) {
       m.before = before;
       m.recorded_ns = now;
-      st.asleep_marks.push_back(m);
+      m.thread = true;
+      push_mark(st, st.asleep_marks, m, note);
     } else {
       give_event(g, st.context, before, true);
     }
@@ -157,13 +161,23 @@ bool may_start_pacing(Gate& g) {
   return true;
 }
 
-void forget_asleep_marks(Gate& g) {
+void end_asleep_marks(Gate& g) {
+  const Guard guard;
   std::lock_guard<std::mutex> lock(g.mu);
+  const RelaxedCapture relaxed(capture_possible(g));
   for (auto& [key, st] : g.streams) {
-    for (const Mark& m : st.asleep_marks) {  // back to the spares: the next sleep takes them
-      give_mark(g, st.context, m);
+    if (!st.asleep_marks.empty()) {
+      // in the order they were put on the stream (a callback's mark may have come after the
+      // thread's first): the GPU completes them in that order
+      std::deque<Mark> line;
+      std::merge(st.marks.begin(), st.marks.end(), st.asleep_marks.begin(),
+                 st.asleep_marks.end(), std::back_inserter(line),
+                 [](const Mark& a, const Mark& b) { return a.seq < b.seq; });
+      st.marks.swap(line);
+      st.asleep_marks.clear();
+      const CurrentContext current(st.context);
+      reap(g, st);
     }
-    st.asleep_marks.clear();
     st.drain.reset();
     st.asleep_next_ns = 0;
   }

@@ -14,14 +14,13 @@
 //     flight;
 //   * driver_activity.cpp: a process that preempts others publishes its activity from its
 //     launches, and drops it once its streams drained;
-//   * driver_verify.cpp: the check that the barriers hold;
+//   * driver_verify.cpp: the check that the barriers hold, the thread's included;
 //   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
 //     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
 //     the functions the Python client calls (ctypes);
 //   * driver_asleep.cpp: while the callbacks are off (asleep or paced), stream barriers put by
 //     the gate's thread, and waking the gate where the process queues faster than they bound;
-//   * driver_contexts.cpp: the GPUs the process makes contexts on, told to the daemon, and
-//     the contexts it destroys, forgotten;
+//   * driver_contexts.cpp: the GPUs of its contexts, told to the daemon; dead ones, forgotten;
 //   * driver_channel.cpp: in a process with no Python client (a C++ program, a JAX process),
 //     the gate's own channel to the daemon, with the same control block protocol;
 //     driver_stranded.cpp: its watched blocks, freed where their owner exits after the daemon.
@@ -66,8 +65,7 @@ struct Config : HoldConfig {
 constexpr int64_t kBacklogHoldNs = 2000LL * 1000 * 1000;
 constexpr uint64_t kAsleepTimedEvery = 4;
 // Asleep marks a stream may have pending at most: half a second of dense barriers (a loop that
-// never waits for its GPU may queue as much as the driver takes; the long span left past the
-// last wakes the gate).
+// never waits for its GPU may queue all the driver takes; the span past the last wakes the gate).
 constexpr size_t kAsleepMarksMax = 2048;
 // The callbacks see which streams a process launches on; asleep or paced, they do not. While
 // barriers hold, the gate wakes for kDiscoverNs every kDiscoverEveryNs (and at once when they
@@ -95,6 +93,7 @@ struct Mark {
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
   int64_t recorded_ns = 0;    // when it was put (asleep marks)
+  bool thread = false;        // put by the gate's thread: no span of counted launches starts here
 };
 
 // Marks remembered per stream for that check (a mark retired before it is checked keeps its
@@ -308,8 +307,9 @@ void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key);
 // Retires the stream's completed marks, learning the GPU time per launch from the spans the
 // GPU ran back to back (the first mark still pending when the later was put) (mu held).
 void reap(Gate& g, StreamState& st);
-// Appends mark `m` to the stream's marks, numbered, with its barrier's note (mu held).
-void push_mark(StreamState& st, Mark m, const BarrierNote& note);
+// Appends mark `m` to `line` (the stream's marks or asleep marks), numbered in one count with
+// both, with its barrier's note (mu held).
+void push_mark(StreamState& st, std::deque<Mark>& line, Mark m, const BarrierNote& note);
 // The barrier on `stream` (mu held): waits on the GPU for this gate's word and the watched
 // tasks' activity words; `note` (if given) says what its last wait is, and what its word read
 // just before. False where it could not be put.
@@ -376,10 +376,10 @@ void check_idle(Gate& g, int64_t now);
 bool asleep_barriers(Gate& g, int64_t now, bool paced);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
-// The gate switched: every stream's asleep marks' events go back to the spares and its asleep
-// spans are forgotten (takes mu). Whether pacing may start: no stream not yet judged to pace
-// has more than kPacedStartMarks marks in flight (takes mu).
-void forget_asleep_marks(Gate& g);
+// The gate switched: every stream's asleep marks join its marks, where their barriers are
+// checked (verify_barriers) and retired, and its asleep spans are forgotten (takes mu). Whether
+// pacing may start: no stream not yet judged has over kPacedStartMarks in flight (takes mu).
+void end_asleep_marks(Gate& g);
 bool may_start_pacing(Gate& g);
 // The capture calls' callbacks, kept on while asleep: true where `cbid` is one (counted).
 bool enable_capture_callbacks(CUpti_SubscriberHandle subscriber);

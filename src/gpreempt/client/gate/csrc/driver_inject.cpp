@@ -198,7 +198,7 @@ Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now) {
   return wanted_mode(f);
 }
 
-// Switches to `want` (false where CUPTI would not): callbacks, word, asleep marks forgotten.
+// Switches to `want` (false where CUPTI would not): callbacks, word, asleep marks ended.
 bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
   {
     std::lock_guard<std::mutex> lock(cupti_mu);
@@ -211,7 +211,7 @@ bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
     current.store(want);
     store32(ctl, kOffDriverAsleep, static_cast<uint32_t>(want));
   }
-  forget_asleep_marks(g);
+  end_asleep_marks(g);
   return true;
 }
 

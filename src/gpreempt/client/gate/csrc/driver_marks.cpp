@@ -186,16 +186,16 @@ bool put_barrier(Gate& g, uint8_t* ctl, CUstream stream, BarrierNote* note) {
   return true;
 }
 
-void push_mark(StreamState& st, Mark m, const BarrierNote& note) {
+void push_mark(StreamState& st, std::deque<Mark>& line, Mark m, const BarrierNote& note) {
   m.seq = st.next_seq++;
   st.notes[m.seq % kNotes] = note;
-  st.marks.push_back(m);
+  line.push_back(m);
 }
 
 void reap(Gate& g, StreamState& st) {
   retire_marks(g, st.context, st.marks, [&](const Mark& first, const Mark& later) {
-    if (!later.gpu_was_busy || later.launches == 0) {
-      return;
+    if (first.thread || !later.gpu_was_busy || later.launches == 0) {
+      return;  // the launches the thread's marks leave between them were not counted
     }
     const double ms = span_ms(first, later);
     if (ms < 0.0) {
@@ -290,7 +290,7 @@ bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   }
   m.before = before;
   m.launches = st.since_mark;
-  push_mark(st, m, note);
+  push_mark(st, st.marks, m, note);
   st.since_mark = 0;
   reap(g, st);
   return over_window(g, st);

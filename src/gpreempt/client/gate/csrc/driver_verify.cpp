@@ -17,6 +17,11 @@
 // barrier_leaks, and the daemon then no longer trusts the gate (backstop_plan.py). The gate's
 // thread looks every quarter millisecond while awake.
 //
+// The barriers the gate's thread puts while its callbacks are off (asleep or paced) are
+// numbered and noted with the others. They are checked once the gate wakes, which it does
+// within a tick of a watched task's rise: their marks then join the stream's (end_asleep_marks),
+// and the first look reads the word raised for each the GPU has not reached yet.
+//
 // A mark still pending does not date the pass: the GPU may run other contexts for a time slice
 // between passing a barrier and completing the event behind it, and a word raised meanwhile
 // was down when the GPU read it.
