@@ -251,11 +251,13 @@ def _launches_seen_per_kernel(runtime_dir: Path, progress: Path, seconds: float)
 
 
 def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds_it(
-    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop
+    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop, monkeypatch
 ):
     """Under a daemon that never lets a gate sleep, the gate of a program whose CPU keeps pace
     with its GPU switches its callbacks off (paced): they see almost none of its launches, its
-    thread puts the barriers, and a request still holds it, with no leak."""
+    thread puts the barriers, and a request still holds it, with no leak. Pacing is asked for
+    (GPREEMPT_DRIVER_PACED=1): it is off by default."""
+    monkeypatch.setenv("GPREEMPT_DRIVER_PACED", "1")
     progress, go = tmp_path / "progress", tmp_path / "go"
     server = (sys.executable, "-c", SERVER_REQUEST, str(go), "2.0")
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "paced", server=server)
@@ -275,11 +277,12 @@ def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds
 
 
 def test_an_awake_gate_keeps_its_callbacks_for_a_program_that_queues_in_bursts(
-    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop
+    daemon_never_sleeping, runtime_dir, tmp_path, kernel_loop, monkeypatch
 ):
     """A program that queues 2 ms of GPU work in a moment would leave its thread's barriers
     2 ms apart: a trial, where one starts with so much in flight, fails at its first such span,
-    the callbacks come back on, and the next trial waits 4 s."""
+    the callbacks come back on, and the next trial waits 4 s (pacing asked for, as above)."""
+    monkeypatch.setenv("GPREEMPT_DRIVER_PACED", "1")
     progress = tmp_path / "progress"
     procs = _beside_an_idle_server(runtime_dir, progress, kernel_loop, "default")
     try:

@@ -185,8 +185,8 @@ def _env(runtime: Path, mechanism: str) -> dict[str, str]:
 def _start_daemon(runtime: Path, workspace: Workspace) -> subprocess.Popen[bytes]:
     runtime.mkdir(mode=0o700)
     # no gate sleeps: the server beside a gate row's job is never active, and an asleep gate's
-    # barriers are its thread's, a millisecond apart; the job keeps 64 steps queued, so its
-    # driver-level gate is not paced either (a trial starts only with a short queue)
+    # barriers are its thread's, a millisecond apart; nor does its driver-level gate pace
+    # (only where asked, and a trial starts only with a short queue: the job keeps 64 steps)
     command = [sys.executable, "-m", "gpreempt", "serve", "--runtime-dir", str(runtime)]
     daemon = subprocess.Popen(
         [*command, "--sleep-after-s", "0"],

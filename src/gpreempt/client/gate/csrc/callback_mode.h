@@ -7,9 +7,10 @@
 // request() does; it sleeps else, since CUPTI's callbacks cost a server every launch. A task
 // that may be preempted needs barriers while a more important task may start: it sleeps once
 // the daemon says none was active for a while (sleep_ok) and no backlog keeps it awake; before
-// that, it paces (asleep_drain.h) where it may: pacing on, no trial failed lately, barriers
-// hold, and no thread launches on its per-thread default stream, a stream no other thread can
-// put barriers on.
+// that, it paces (asleep_drain.h) where it may: pacing asked for (GPREEMPT_DRIVER_PACED=1: off
+// by default, as it cost the eager trainer's server more than it saved, docs/results.md), no
+// trial failed lately, barriers hold, and no thread launches on its per-thread default stream,
+// a stream no other thread can put barriers on.
 #pragma once
 
 #include <cstdint>

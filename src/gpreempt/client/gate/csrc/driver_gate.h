@@ -155,7 +155,7 @@ struct Gate : HoldState<Config> {
   std::atomic<bool> captures_counted{true};  // false for good once CUPTI went to a profiler
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::atomic<bool> per_thread{false};  // it launched on a per-thread default stream
-  bool pacing_on = true;   // the gate may pace (GPREEMPT_DRIVER_PACED, read at cuInit)
+  bool pacing_on = false;  // the gate may pace (GPREEMPT_DRIVER_PACED=1, read at cuInit)
   PacedTrials trials;      // when it may try pacing again (the gate's thread's)
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;

@@ -297,7 +297,7 @@ __attribute__((visibility("default"))) int InitializeInjection() {
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   std::atexit(at_exit);
   const char* pacing = getenv("GPREEMPT_DRIVER_PACED");
-  g.pacing_on = pacing == nullptr || std::string_view(pacing) != "0";
+  g.pacing_on = pacing != nullptr && std::string_view(pacing) == "1";  // off unless asked
   uint32_t s = kDriverFailed;
   if (cu_load()) {
     std::lock_guard<std::mutex> lock(cupti_mu);
