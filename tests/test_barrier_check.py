@@ -18,6 +18,9 @@ from conftest import build_gate_rule
 #   relist                  the daemon publishes a new watch list (the same block)
 #   done                    a look finds the mark behind the barrier complete: prints
 #                           "leak" or "held"
+#   dated                   the same look: prints "dated" where the check could tell (its
+#                           word read raised before the GPU reached it, the same watch list),
+#                           "undated" otherwise
 PROGRAM = r"""
 #include <cstdio>
 #include <cstring>
@@ -50,6 +53,8 @@ int main() {
       list = &lists[1];
     } else if (std::strncmp(line, "done", 4) == 0) {
       std::printf("%s\n", passed_while_raised(note, sample_words(list)) ? "leak" : "held");
+    } else if (std::strncmp(line, "dated", 5) == 0) {
+      std::printf("%s\n", dated(note, sample_words(list)) ? "dated" : "undated");
     } else {
       return 2;
     }
@@ -121,3 +126,20 @@ def test_each_barrier_is_judged_on_its_own(check: Path) -> None:
         *("active 0", "put pair", "done"),  # put while idle, passed while idle
     )
     assert verdicts(check, *commands) == ["held", "leak", "held"]
+
+
+def test_a_barrier_counts_as_checked_only_where_its_word_was_read_raised_before_the_pass(
+    check: Path,
+) -> None:
+    """``barriers_checked`` counts the barriers the check could date, leaked or not: their
+    word read raised before the GPU reached them, and read again in the same watch list."""
+    assert verdicts(check, "active 1", "put pair", "dated") == ["dated"]
+    assert verdicts(check, "put pair", "active 1", "pending", "dated") == ["dated"]
+    # held, and dated: the server dropped and rose again in between
+    assert verdicts(check, "requests 1", "put requests", "requests 0", "requests 2", "dated") == [
+        "dated"
+    ]
+    assert verdicts(check, "put pair", "dated") == ["undated"]  # put and passed while idle
+    assert verdicts(check, "put pair", "pending", "active 1", "dated") == ["undated"]
+    assert verdicts(check, "active 1", "put pair", "relist", "dated") == ["undated"]
+    assert verdicts(check, "active 1", "put requests", "dated") == ["undated"]

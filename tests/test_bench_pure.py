@@ -300,7 +300,8 @@ def test_case_bs_gate_counters_are_summed_over_its_processes():
     """What each trainer's gates counted reaches results.json: summed over the processes, the
     GPU time per launch the driver-level gate spaced its barriers by as the largest."""
     driver = {"driver_gate": "on", "driver_launches": 100, "driver_barriers": 40,
-              "driver_waits": 3, "driver_bound_waits": 0, "driver_us_per_launch": 35.0}  # fmt: skip
+              "driver_waits": 3, "driver_bound_waits": 0, "driver_us_per_launch": 35.0,
+              "driver_barriers_checked": 9}  # fmt: skip
     trains = [
         {"gate": {"launches": 15, "barriers_put": 0, "waits": 1, "driver": driver}},
         {"gate": {"launches": 10, "waits": 2, "driver": {**driver, "driver_us_per_launch": 5.0}}},
@@ -310,7 +311,7 @@ def test_case_bs_gate_counters_are_summed_over_its_processes():
     assert counters == {
         "launches": 25, "barriers_put": 0, "waits": 3, "driver_launches": 200,
         "driver_barriers": 80, "driver_waits": 6, "driver_bound_waits": 0,
-        "driver_us_per_launch": 35.0,
+        "driver_barriers_checked": 18, "driver_us_per_launch": 35.0,
     }  # fmt: skip
     only_operator = scenario_metrics.b_gate_counters([{"gate": {"launches": 7}}])
     assert only_operator == {"launches": 7, "barriers_put": 0, "waits": 0}

@@ -114,9 +114,14 @@ def test_each_rise_of_the_activity_words_bumps_the_epoch_and_nothing_else_does()
 
 def test_status_sums_the_driver_level_gates_waits_and_shows_the_largest_launch_cost() -> None:
     """What the driver-level gates of a task's processes write into their blocks (C++ side:
-    driver_marks.cpp) reaches ``gpreempt status --json``: bound waits summed over its
-    processes, the GPU time per launch the barriers are spaced by as the largest of theirs."""
-    from gpreempt.control import OFF_DRIVER_BOUND_WAITS, OFF_DRIVER_NS_PER_LAUNCH
+    driver_marks.cpp, driver_verify.cpp) reaches ``gpreempt status --json``: bound waits and
+    the barriers the GPU-side check dated summed over its processes, the GPU time per launch
+    the barriers are spaced by as the largest of theirs."""
+    from gpreempt.control import (
+        OFF_BARRIERS_CHECKED,
+        OFF_DRIVER_BOUND_WAITS,
+        OFF_DRIVER_NS_PER_LAUNCH,
+    )
     from gpreempt.daemon.task import Task, gate_status
     from gpreempt.daemon.task_identity import TaskIdentity
 
@@ -125,10 +130,14 @@ def test_status_sums_the_driver_level_gates_waits_and_shows_the_largest_launch_c
         for block, ns, waits in zip(blocks, (35_000, 5_000), (2, 1), strict=True):
             block._set32(OFF_DRIVER_NS_PER_LAUNCH, ns)
             block._set32(OFF_DRIVER_BOUND_WAITS, waits)
+            block._set32(OFF_BARRIERS_CHECKED, 10 * waits)
+
         identity = TaskIdentity(1, 10, None, 0, 0, "trainer", 10, (0,), "auto")
         status = gate_status(Task(identity, controls={10: blocks[0], 11: blocks[1]}))
         assert status is not None
         assert status["driver_bound_waits"] == 3
+        assert status["barriers_checked"] == 30 and status["barrier_leaks"] == 0
+
         assert status["driver_us_per_launch"] == pytest.approx(35.0)
         assert blocks[1].stats().driver_us_per_launch == pytest.approx(5.0)
     finally:

@@ -81,7 +81,9 @@ offset  type   meaning
                task's words (its gate watches them): a request that raises the
                ``requests`` word may leave the doorbell to the process's request
                counter's helper, at most 0.25 ms later, instead of ringing it (daemon)
-140     u32    (unused)
+140     u32    barriers_checked: stream barriers of the driver-level gate whose pass its
+               GPU-side check could date (their word read raised before the GPU reached
+               them), leaked or not: the check at work (client, statistics)
 ======  =====  ==================================================================
 """
 
@@ -130,6 +132,7 @@ MARKERS = {1: "asgi", 2: "grpc", 3: "generate"}
 
 OFF_DEVICES = 128
 OFF_QUIET = 136
+OFF_BARRIERS_CHECKED = 140
 
 
 #: ``gate_closed`` of a plain closed gate: it waits for the daemon to open it. Odd, so that a
@@ -180,6 +183,7 @@ class ControlStats:
     driver_paced: bool = False  # callbacks off: its process queues no faster than its GPU runs
     driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
     driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
+    driver_barriers_checked: int = 0  # barriers whose pass the GPU-side check could date
 
 
 _PROT_READ = 1

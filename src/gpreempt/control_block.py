@@ -1,22 +1,22 @@
-"""A client's control block: the mapped memfd and its doorbell, which the client creates and
-the daemon adopts once checked. The words it holds, their offsets and the rules that read them
-are :mod:`gpreempt.control`'s.
+"""A client's control block: the mapped memfd and its doorbell, which the client creates and the
+daemon adopts once checked. The words it holds, their offsets and the rules that read them are
+:mod:`gpreempt.control`'s.
 
 The block lives in a memfd the client creates and hands to the daemon over the socket, so no
 file in a shared directory can be swapped or read by anyone else. The client seals its size
 (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) before handing it over, and the daemon maps
-nothing else (:meth:`ControlBlock.adopt`): a block that could shrink under the daemon's
-mapping would crash it with SIGBUS at its next read. The daemon wakes a gate
-waiting on ``gate_closed`` (a futex) when it opens it, and may hand read-only descriptors of a
-block to the gates of the same user's less important tasks, which then watch its activity
-words (:class:`~gpreempt.control.ActivityView`, ``gpreempt.policy.watch``).
+nothing else (:meth:`ControlBlock.adopt`): a block that could shrink under the daemon's mapping
+would crash it with SIGBUS at its next read. The daemon wakes a gate waiting on ``gate_closed``
+(a futex) when it opens it, and may hand read-only descriptors of a block to the gates of the
+same user's less important tasks, which then watch its activity words
+(:class:`~gpreempt.control.ActivityView`, ``gpreempt.policy.watch``).
 
-A memfd is born mode 0777, and whoever holds any descriptor of it, a read-only one included,
-can reopen it read-write through ``/proc/self/fd``. So a block is made 0600, private to the
-uid that created it (and root): by the client when it creates it, and again by the daemon,
-which refuses a block it cannot restrict. A read-only view then stays read-only for every
-other user. (Seals cannot do this: ``F_SEAL_FUTURE_WRITE`` would forbid every new writable
-mapping, the daemon's own included, and ``F_SEAL_SEAL`` forbids adding it later anyway.)
+A memfd is born mode 0777, and whoever holds any descriptor of it, a read-only one included, can
+reopen it read-write through ``/proc/self/fd``. So a block is made 0600, private to the uid that
+created it (and root): by the client when it creates it, and again by the daemon, which refuses
+a block it cannot restrict. A read-only view then stays read-only for every other user. (Seals
+cannot do this: ``F_SEAL_FUTURE_WRITE`` would forbid every new writable mapping, the daemon's
+own included, and ``F_SEAL_SEAL`` forbids adding it later anyway.)
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .control import (
     OFF_ACTIVITY_EPOCH,
     OFF_AUTO_ACTIVE,
     OFF_BARRIER_LEAKS,
+    OFF_BARRIERS_CHECKED,
     OFF_BARRIERS_ON,
     OFF_DEVICES,
     OFF_DRIVER_ASLEEP,
@@ -271,6 +272,7 @@ class ControlBlock:
             driver_paced=self._get32(OFF_DRIVER_ASLEEP) == 2,
             driver_us_per_launch=self._get32(OFF_DRIVER_NS_PER_LAUNCH) / 1e3,
             driver_bound_waits=self._get32(OFF_DRIVER_BOUND_WAITS),
+            driver_barriers_checked=self._get32(OFF_BARRIERS_CHECKED),
         )
 
     @property
@@ -281,8 +283,7 @@ class ControlBlock:
 
     @property
     def driver_launches(self) -> int:
-        """Launches the driver-level gate saw: while it holds the process, this stands still
-        but for one launch per thread (the one it holds)."""
+        """Launches the driver-level gate saw (while it holds them: one more per thread)."""
         return _U64.unpack_from(self._map, OFF_DRIVER_LAUNCHES)[0]
 
     @property
@@ -326,8 +327,7 @@ class ControlBlock:
 
     @property
     def barrier_leaks(self) -> int:
-        """Times the driver-level gate saw its GPU work pass a stream barrier while a task it
-        watches stayed active: its barriers do not hold."""
+        """Times the driver-level gate saw its GPU work pass a barrier a watched task held."""
         return self._get32(OFF_BARRIER_LEAKS)
 
     def set_barriers_on(self, on: bool) -> None:

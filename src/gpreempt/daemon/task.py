@@ -362,8 +362,10 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         # active for a while) or paced (awake, its process queues no faster than its GPU runs)
         "driver_asleep": any(b.driver_asleep for b in blocks),
         "driver_paced": any(b.driver_paced for b in blocks),
-        # its GPU work passed a stream barrier while a task it watches stayed active
+        # its GPU work passed a stream barrier while a task it watches stayed active, of the
+        # barriers whose pass the GPU-side check could date
         "barrier_leaks": sum(c.barrier_leaks for c in task.controls.values()),
+        "barriers_checked": sum(b.driver_barriers_checked for b in blocks),
         "hold_leaks": task.counters.hold_leaks,
         # False once a hold leaked: its words no longer count
         "trusted": not task.gate_untrusted,

@@ -97,4 +97,11 @@ inline bool passed_while_raised(const BarrierNote& note, const WatchSample& afte
          later.epoch == note.unpassed.epoch;
 }
 
+// Whether the check can tell anything of `note`'s barrier: its word was read raised before the
+// GPU reached it, and `after` reads the same watch list. Each such barrier, leaked or not, is
+// counted in barriers_checked: how many of the gate's barriers were dated while they held.
+inline bool dated(const BarrierNote& note, const WatchSample& after) {
+  return note.unpassed.valid && note.unpassed.raised && look_of(note, after).valid;
+}
+
 }  // namespace gpreempt_driver

@@ -36,6 +36,7 @@ constexpr size_t kOffDriverBoundWaits = 120;   // u32, client (driver-level gate
 constexpr size_t kOffMarker = 124;          // u32, client (what marks its requests)
 constexpr size_t kOffDevices = 128;         // u64, client (bit N: a context on GPU N)
 constexpr size_t kOffQuiet = 136;           // u32, daemon (raises may leave the doorbell)
+constexpr size_t kOffBarriersChecked = 140;  // u32, client (driver-level gate, statistics)
 
 // gate_closed of a plain closed gate (odd); 2V: closed only while watch list V is active.
 constexpr uint32_t kClosed = 1;

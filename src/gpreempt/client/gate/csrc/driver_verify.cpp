@@ -9,13 +9,15 @@
 // has no event before it (the previous mark retired): its word is not read again, and a barrier
 // that let work through there is found at the next one, one spacing of GPU time later.
 //
-// The last wait's word is read just before the barrier is put, then at each look that finds
-// the event before it pending (the word read first, the event queried after); and once more at
-// the look that finds its mark complete (the mark queried first, the word read after). Where
-// the first and the last read find the word raised with one epoch, the GPU passed a wait whose
-// word never dropped (barrier_check.h). That is a leak: it is counted in the control block's
-// barrier_leaks, and the daemon then no longer trusts the gate (backstop_plan.py). The gate's
-// thread looks every quarter millisecond while awake.
+// The last wait's word is read just before the barrier is put, then at each look that finds the
+// event before it pending (the word read first, the event queried after); and once more at the
+// look that finds its mark complete (the mark queried first, the word read after). Where the
+// first and the last read find the word raised with one epoch, the GPU passed a wait whose word
+// never dropped (barrier_check.h). Each barrier whose word was read raised before the GPU
+// reached it is counted in the control block's barriers_checked, leaked or not: the barriers
+// the check could date. One that passed while its word stayed raised is a leak: it is counted
+// in the control block's barrier_leaks, and the daemon then no longer trusts the gate
+// (backstop_plan.py). The gate's thread looks every quarter millisecond while awake.
 //
 // The barriers the gate's thread puts while its callbacks are off (asleep or paced) are
 // numbered and noted with the others. They are checked once the gate wakes, which it does
@@ -69,10 +71,13 @@ void verify_barriers(Gate& g, bool on) {
   // then the words
   const WatchSample now = sample_words(list);
   bool leaked = false;
+  uint32_t checked = 0;
   for (auto [st, pending] : passed) {
     const uint64_t oldest_note = st->next_seq > kNotes ? st->next_seq - kNotes : 0;
     for (uint64_t seq = std::max(st->verified_from, oldest_note); seq < pending; ++seq) {
-      leaked = leaked || passed_while_raised(st->notes[seq % kNotes], now);
+      const BarrierNote& note = st->notes[seq % kNotes];
+      checked += dated(note, now) ? 1 : 0;
+      leaked = leaked || passed_while_raised(note, now);
     }
     st->verified_from = std::max(st->verified_from, pending);
   }
@@ -99,6 +104,10 @@ void verify_barriers(Gate& g, bool on) {
         }
       }
     }
+  }
+  if (checked != 0) {
+    __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffBarriersChecked), checked,
+                       __ATOMIC_RELAXED);
   }
   if (leaked) {
     __atomic_fetch_add(reinterpret_cast<uint32_t*>(ctl + kOffBarrierLeaks), 1u,
