@@ -255,8 +255,9 @@ def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds
 ):
     """Under a daemon that never lets a gate sleep, the gate of a program whose CPU keeps pace
     with its GPU switches its callbacks off (paced): they see almost none of its launches, its
-    thread puts the barriers, and a request still holds it, with no leak. Pacing is asked for
-    (GPREEMPT_DRIVER_PACED=1): it is off by default."""
+    thread puts the barriers, and a request still holds it, with no leak, the GPU-side check
+    dating the barriers that held it. Pacing is asked for (GPREEMPT_DRIVER_PACED=1): it is off
+    by default."""
     monkeypatch.setenv("GPREEMPT_DRIVER_PACED", "1")
     progress, go = tmp_path / "progress", tmp_path / "go"
     server = (sys.executable, "-c", SERVER_REQUEST, str(go), "2.0")
@@ -272,6 +273,8 @@ def test_an_awake_gate_paces_a_program_that_keeps_pace_and_a_request_still_holds
         assert gate()["driver_barriers"] > barriers + 500, gate()  # one every 0.2 ms queued
         held_to, task = stands_still_through_a_request(runtime_dir, go, progress)
         assert wait_for(lambda: progress_count(progress) > held_to, 20), "no progress after it"
+        # the barriers that held it, dated by the GPU-side check once they passed
+        assert wait_for(lambda: gate()["barriers_checked"] > 0, 5), gate()
     finally:
         stop_all(*reversed(procs))
 
