@@ -112,7 +112,6 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     if (record_mark(g, st.context, stream, st.asleep_marks, &m, timed)) {
       m.before = before;
       m.recorded_ns = now;
-      m.thread = true;
       push_mark(st, st.asleep_marks, m, note);
     } else {
       give_event(g, st.context, before, true);

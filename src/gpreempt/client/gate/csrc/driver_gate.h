@@ -92,8 +92,7 @@ struct Mark {
   uint64_t launches = 0;
   bool gpu_was_busy = false;  // the previous mark had not completed when this one was put
   uint64_t seq = 0;           // its stream's count of marks before it
-  int64_t recorded_ns = 0;    // when it was put (asleep marks)
-  bool thread = false;        // put by the gate's thread: no span of counted launches starts here
+  int64_t recorded_ns = 0;    // when the gate's thread put it (0: put at a launch)
 };
 
 // Marks remembered per stream for that check (a mark retired before it is checked keeps its

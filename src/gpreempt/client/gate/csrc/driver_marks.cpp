@@ -194,8 +194,8 @@ void push_mark(StreamState& st, std::deque<Mark>& line, Mark m, const BarrierNot
 
 void reap(Gate& g, StreamState& st) {
   retire_marks(g, st.context, st.marks, [&](const Mark& first, const Mark& later) {
-    if (first.thread || !later.gpu_was_busy || later.launches == 0) {
-      return;  // the launches the thread's marks leave between them were not counted
+    if (first.recorded_ns != 0 || !later.gpu_was_busy || later.launches == 0) {
+      return;  // from a mark of the gate's thread: the launches since were not all counted
     }
     const double ms = span_ms(first, later);
     if (ms < 0.0) {
