@@ -19,3 +19,10 @@ def test_each_mode_keeps_every_process_and_its_spread() -> None:
 def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
     torch = pytest.importorskip("torch")
     check_says_no_gpu(capsys, torch, "benchmarks/driver_gate/server_spread.py", "--rounds", "1")
+
+
+def test_an_unknown_mode_is_named_in_one_line(capsys) -> None:
+    script = load_script("benchmarks/driver_gate/server_spread.py")
+    assert script.main(["--modes", "heuristics,warm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "['warm']" in err and "heuristics-ballast" in err

@@ -11,9 +11,10 @@
 # (resume_latency.cu: how soon a stream parked at a barrier runs again once its word drops,
 # with or without another process's work in between; twice), server-spread (server_spread.py:
 # the graph server's speed from one start of its process to the next, by how cuDNN chose its
-# algorithms), gpu-tests (every GPU test, tests/gpu, with this tree's src: pytest_gpu.txt), marks
-# (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU), parked
-# (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
+# algorithms, or beside another process's idle memory; SPREAD_MODES: some of its modes, e.g.
+# "heuristics,heuristics-ballast"), gpu-tests (every GPU test, tests/gpu, with this tree's src:
+# pytest_gpu.txt), marks (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU),
+# parked (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
 # process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
 # "20 0": an eager server, and one that keeps its GPU busy; requests of
 # each of PARKED_SIZES, default 400x160: 400 requests of 160 kernels; beside each of
@@ -152,7 +153,7 @@ for group in "$@"; do
     resume) nvcc -O2 -o "$work/resume_latency" benchmarks/driver_gate/resume_latency.cu -lcuda &&
       for n in 1 2; do timeout 60 "$work/resume_latency" 300 | tee "$OUT/resume-$n.json"; done ;;
     server-spread) timeout 400 python3 benchmarks/driver_gate/server_spread.py --rounds 6 \
-        --out "$OUT/server_spread.json" ;;
+        ${SPREAD_MODES:+--modes "$SPREAD_MODES"} --out "$OUT/server_spread.json" ;;
     cold-start) for n in 1 2; do for mps in "" --mps; do
         timeout 100 python3 benchmarks/driver_gate/cold_start.py $mps --rounds 300 \
           --out "$OUT/cold_start${mps:+-mps}-$n.json"; done; done ;;

@@ -8,7 +8,11 @@ on the GPU; the median GPU span of each process is one sample. Modes:
 * ``heuristics``: cuDNN picks them without timing (the bench's server now);
 * ``benchmark-busy``: as ``benchmark``, while another process keeps the GPU busy during the
   server's warm-up only (stopped before the timed requests), as a trainer would beside a
-  server that starts.
+  server that starts;
+* ``heuristics-ballast``: as ``heuristics``, while another process holds ``--ballast-gib`` of
+  the GPU's memory, allocated and written before the server starts and idle throughout, as a
+  held trainer's memory is: whether where the server's memory lands moves its speed (beside a
+  held trainer the bench's server ran a few % faster or slower than alone, by process).
 
     PYTHONPATH=src python3 benchmarks/driver_gate/server_spread.py --rounds 6 --out FILE
 """
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("benchmark", "heuristics", "benchmark-busy")
+MODES = ("benchmark", "heuristics", "benchmark-busy", "heuristics-ballast")
 
 
 def _busy(stop: Any) -> None:  # another context: 1 ms kernels back to back until told to stop
@@ -37,21 +41,39 @@ def _busy(stop: Any) -> None:  # another context: 1 ms kernels back to back unti
         torch.cuda.synchronize()
 
 
-def _server(mode: str, requests: int, out: Any) -> None:
+def _ballast(gib: float, ready: Any, stop: Any) -> None:  # another context holding memory, idle
+    import torch
+
+    held = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    held.fill_(1)
+    torch.cuda.synchronize()
+    ready.set()
+    stop.wait()
+    del held
+
+
+def _server(mode: str, requests: int, ballast_gib: float, out: Any) -> None:
     import torch
 
     from gpreempt.bench.builtin_workloads import resnet50_server
 
-    stop = mp.get_context("spawn").Event()
+    spawn = mp.get_context("spawn")
+    stop = spawn.Event()
     busy = None
     if mode == "benchmark-busy":
-        busy = mp.get_context("spawn").Process(target=_busy, args=(stop,), daemon=True)
+        busy = spawn.Process(target=_busy, args=(stop,), daemon=True)
         busy.start()
         time.sleep(8.0)  # its CUDA is up (PyTorch's import included) and its kernels run
-    request = resnet50_server(cudnn_benchmark=mode != "heuristics")
+    elif mode == "heuristics-ballast":
+        ready = spawn.Event()
+        busy = spawn.Process(target=_ballast, args=(ballast_gib, ready, stop), daemon=True)
+        busy.start()
+        if not ready.wait(120):
+            raise RuntimeError("the ballast process did not get its memory")
+    request = resnet50_server(cudnn_benchmark=mode.startswith("benchmark"))
     for _ in range(20):
         request()
-    if busy is not None:
+    if mode == "benchmark-busy":
         stop.set()
         busy.join()
     spans = request.gpu_ms  # type: ignore[attr-defined]
@@ -63,6 +85,9 @@ def _server(mode: str, requests: int, out: Any) -> None:
         time.sleep(1e-3)
         request()
     torch.cuda.synchronize()
+    if busy is not None and busy.is_alive():
+        stop.set()
+        busy.join()
     out.send(statistics.median(spans))
 
 
@@ -79,8 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
+    )
+    parser.add_argument("--ballast-gib", type=float, default=16.0, help="heuristics-ballast's hold")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        print(f"server_spread: --modes takes {', '.join(MODES)}; not {unknown}", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:
@@ -90,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         print("server_spread: no CUDA GPU here", file=sys.stderr)
         return 2
     ctx = mp.get_context("spawn")
-    rows: dict[str, list[float]] = {m: [] for m in MODES}
+    rows: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.rounds):
-        for mode in MODES:
+        for mode in modes:
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_server, args=(mode, args.requests, theirs))
+            args_ = (mode, args.requests, args.ballast_gib, theirs)
+            proc = ctx.Process(target=_server, args=args_)
             proc.start()
             rows[mode].append(mine.recv())
             proc.join()
