@@ -131,7 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             args_ = (mode, args.requests, args.ballast_gib, theirs)
             proc = ctx.Process(target=_server, args=args_)
             proc.start()
-            rows[mode].append(mine.recv())
+            theirs.close()  # so that a server process that dies ends the wait below
+            try:
+                rows[mode].append(mine.recv())
+            except EOFError:
+                proc.join()
+                print(
+                    f"server_spread: the {mode} process died (exit {proc.exitcode})",
+                    file=sys.stderr,
+                )
+                return 1
             proc.join()
             print(f"{mode:15s} {rows[mode][-1]:.3f} ms", flush=True)
             if args.out:  # after every process: a run cut short keeps what it measured
