@@ -12,7 +12,7 @@ on the GPU; the median GPU span of each process is one sample. Modes:
 * ``heuristics-ballast``: as ``heuristics``, while another process holds ``--ballast-gib`` of
   the GPU's memory, allocated and written before the server starts and idle throughout, as a
   held trainer's memory is: whether where the server's memory lands moves its speed (beside a
-  held trainer the bench's server ran a few % faster or slower than alone, by process).
+  held trainer the bench's server ran a few % faster or slower than alone, by run).
 
     PYTHONPATH=src python3 benchmarks/driver_gate/server_spread.py --rounds 6 --out FILE
 """
