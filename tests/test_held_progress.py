@@ -331,3 +331,17 @@ def test_a_run_that_does_not_say_its_grace_is_read_against_the_one_given(tmp_pat
     assert _load().main(["--json", "--grace-ms", "5", str(tmp_path / "r0-gpreempt")]) == 0
     (r,) = json.loads(capsys.readouterr().out).values()
     assert r["idle_grace_ms"] == 5.0 and r["late_after_a_gap"] == 0
+
+
+def test_around_the_longest_request_lists_what_happened_near_it_in_time_order(tmp_path: Path):
+    _run(tmp_path / "run", leak=False)
+    r = _load().summary(tmp_path / "run", around_ms=11.5)["around_longest"]
+    assert r["request"] == 1 and r["service_ms"] == pytest.approx(12.0)  # 10.008 to 10.020
+    times = [t for t, _ in r["timeline"]]
+    whats = [w for _, w in r["timeline"]]
+    assert times == sorted(times)
+    assert (-8.0, "request 0 starts (arrived -8.000, ends 0.000)") in [
+        (round(t, 3), w) for t, w in r["timeline"]
+    ]
+    assert "case-a active" in whats and "case-a idle" not in whats  # 12 ms after: outside
+    assert whats.count("trainer step ends") == 3  # 9.997-9.999; 10.0205 on lie outside

@@ -33,12 +33,18 @@ while it should have been held. This reads one scenario's run folder of ``gpreem
   stolen by the hypervisor, for the same split, and the sampler's own timings (its period, how
   late its sleep woke, its NVML reads, a fixed piece of CPU work).
 
+With ``--around-longest MS``, what happened within MS of the start of the run's longest-served
+request, in ms from that start: the requests that started then (when each arrived and ended,
+and its GPU span), the daemon's events and the trainer's step ends. A request stretched because
+its own process stood still shows its first ``active`` late, and a trainer that stood still
+too completes no step through it, though nothing held it.
+
 Without ``events.jsonl`` (a run kept without it), or without a trainer (the server's runs
 alone, ``a-alone``, read for their slow requests and the host beside them), only the slow
 requests, their GPU spans and the samples are printed.
 
     python3 benchmarks/driver_gate/held_progress.py [--json] [--grace-ms MS] [--clocks FILE]
-        RUN_FOLDER...
+        [--around-longest MS] RUN_FOLDER...
 """
 
 from __future__ import annotations
@@ -355,13 +361,47 @@ def reaction_ms(events: list[dict[str, Any]], begin: float, end: float) -> dict[
     return {"p50": _q(lags, 0.5), "max": max(lags, default=float("nan")), "n": len(lags)}
 
 
+def around_longest(
+    server: dict[str, Any], ends: list[float], events: list[dict[str, Any]], window_ms: float
+) -> dict[str, Any]:
+    """The run's longest-served request and, within ``window_ms`` of its start, the requests
+    that started, the daemon's events and the trainer's step ends, as (ms from its start, what)
+    in time order; with the medians to read them against (service, GPU span, step)."""
+    start, end = server["start"], server["end"]
+    i = max(range(len(start)), key=lambda j: end[j] - start[j])
+    t0, w = start[i], window_ms / 1e3
+    gpu = server.get("gpu_ms")
+    rows: list[tuple[float, str]] = []
+    for j, (arrived, began, ended) in enumerate(zip(server["scheduled"], start, end, strict=True)):
+        if abs(began - t0) <= w:
+            span = f", GPU span {gpu[j]:.3f}" if gpu else ""
+            times = f"arrived {(arrived - t0) * 1e3:.3f}, ends {(ended - t0) * 1e3:.3f}"
+            rows.append(((began - t0) * 1e3, f"request {j} starts ({times}{span})"))
+    rows += [((e["t"] - t0) * 1e3, f"{e.get('task')} {e.get('event')}") for e in events
+             if abs(e.get("t", 0.0) - t0) <= w]  # fmt: skip
+    rows += [((t - t0) * 1e3, "trainer step ends") for t in ends if abs(t - t0) <= w]
+    steps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return {
+        "request": i,
+        "service_ms": (end[i] - t0) * 1e3,
+        "service_p50_ms": _q([(b - a) * 1e3 for a, b in zip(start, end, strict=True)], 0.5),
+        "gpu_p50_ms": _q(list(gpu), 0.5) if gpu else float("nan"),
+        "step_p50_ms": _q(steps, 0.5) * 1e3 if steps else float("nan"),
+        "timeline": sorted(rows),
+    }
+
+
 def summary(
-    folder: Path, grace_ms: float | None = None, clocks: list[list[float]] | None = None
+    folder: Path,
+    grace_ms: float | None = None,
+    clocks: list[list[float]] | None = None,
+    around_ms: float | None = None,
 ) -> dict[str, Any]:
     """The figures printed by :func:`main`, as a dict (``None`` for those that need the
     daemon's events where the folder has none); ``grace_ms``: the server's idle grace where
     the run's ``results.json`` does not say it (:func:`run_grace_ms`); ``clocks``: the GPU's
-    samples over the run (:func:`read_clocks`), if any."""
+    samples over the run (:func:`read_clocks`), if any; ``around_ms``: the window of
+    :func:`around_longest`, if wanted."""
     server = _read(folder, "case-a.json")
     alone = not any((folder / f).exists() for f in ("case-b-0.json", "case-b-0.json.gz"))
     trainer = {"step_end_t": []} if alone else _read(folder, "case-b-0.json")
@@ -396,6 +436,8 @@ def summary(
         j = bisect.bisect_left(idle_ends, e[i - 1] - 5e-4)
         went_idle = j < len(idle_ends) and idle_ends[j] < s[i] + 3e-4
         split["went idle between" if went_idle else "stayed active"].append((e[i] - s[i]) * 1e3)
+    if around_ms is not None:
+        result["around_longest"] = around_longest(server, sorted(every), events, around_ms)
     return {
         **result,
         "active_share": active_s / (end - begin),
@@ -434,9 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--clocks", type=Path, help="gpu_clocks.py's samples taken over the runs (gzipped or not)"
     )
+    parser.add_argument(
+        "--around-longest",
+        type=float,
+        metavar="MS",
+        help="what happened within MS of the start of each run's longest-served request",
+    )
     args = parser.parse_args(argv)
     clocks = read_clocks(args.clocks) if args.clocks else None
-    summaries = {str(f): summary(f, args.grace_ms, clocks) for f in args.folders}
+    summaries = {
+        str(f): summary(f, args.grace_ms, clocks, args.around_longest) for f in args.folders
+    }
     if args.json:
         print(json.dumps(summaries, indent=1))
         return 0
@@ -471,6 +521,13 @@ def _print(r: dict[str, Any]) -> None:
         for kind, c in r["suspend_calls_ms"].items():
             print(f"the daemon's suspend calls during the {kind} requests: n={c['n']}, median "
                   f"{c['p50']:.3f} ms, longest {c['max']:.3f} ms")  # fmt: skip
+    if "around_longest" in r:
+        a = r["around_longest"]
+        print(f"around the longest-served request ({a['request']}, {a['service_ms']:.2f} ms; "
+              f"medians: service {a['service_p50_ms']:.2f} ms, GPU span {a['gpu_p50_ms']:.2f} "
+              f"ms, trainer step {a['step_p50_ms']:.2f} ms), ms from its start:")  # fmt: skip
+        for t, what in a["timeline"]:
+            print(f"  {t:9.3f}  {what}")
     slow = r["slow"]
     trainer = (
         f"; the trainer's longest step over one {slow['longest_step_ms']:.0f} ms (its median "
