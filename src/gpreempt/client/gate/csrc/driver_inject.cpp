@@ -231,6 +231,7 @@ void background() {
     if (on) {
       discover_streams(g, now);
       Mode want = mode_now(g, ctl, now);
+      // asked last, not among the mode's facts: it takes the gate's mutex and reaps marks
       if (want == Mode::kPaced && mode == Mode::kAwake && !may_start_pacing(g)) {
         want = Mode::kAwake;  // not yet: its queue is deep
       }
