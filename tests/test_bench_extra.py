@@ -16,7 +16,12 @@ import pytest
 
 from gpreempt.bench import loops, memory_pressure, report, scenario_metrics
 from gpreempt.bench.runner import BenchConfig, run_bench
-from gpreempt.bench.scenario_catalog import ALL_SCENARIOS, DEFAULT_SCENARIOS, OPT_IN_SCENARIOS
+from gpreempt.bench.scenario_catalog import (
+    ALL_SCENARIOS,
+    DEFAULT_SCENARIOS,
+    GATED_ALONE,
+    OPT_IN_SCENARIOS,
+)
 from gpreempt.bench.scenarios import Harness, RawScenario, run_scenario
 from gpreempt.bench.workload_argv import Workloads
 from gpreempt.errors import UsageError
@@ -281,7 +286,7 @@ def test_scheduled_role_argv_and_opt_in_lists():
     assert argv[argv.index("--train-fn") + 1] == "bench_fakes:train_factory"
     assert argv[argv.index("--train-out") + 1] == "b.json"
     opt_in = {*NEW, "gpreempt-scheduler"}
-    assert set(OPT_IN_SCENARIOS) == {*opt_in, "gpreempt-gate-mps"}
+    assert set(OPT_IN_SCENARIOS) == {*opt_in, "gpreempt-gate-mps", *GATED_ALONE}
     assert not opt_in & set(DEFAULT_SCENARIOS) and opt_in <= set(ALL_SCENARIOS)
     assert BenchConfig(out_dir=Path("x")).scenarios == DEFAULT_SCENARIOS
 

@@ -50,6 +50,12 @@ def _config(out: Path, scenarios, workloads: Workloads, **kw) -> BenchConfig:
     )
 
 
+def _registered(directory: Path) -> dict[str, list[str]]:
+    """task name -> the `gpreempt run` options and command the fake launcher got."""
+    events = [json.loads(x) for x in (directory / "events.jsonl").read_text().splitlines()]
+    return {e["task"]: e["argv"] for e in events if e.get("event") == "registered"}
+
+
 def _fake_mps(tmp_path: Path) -> Path:
     """An nvidia-cuda-mps-control stand-in that logs its calls and their pipe directory."""
     script = tmp_path / "fake-mps-control"
@@ -280,6 +286,30 @@ def test_several_trainers_share_case_a_runs_alone(tmp_path, monkeypatch):
     assert a[0] == a[1]  # the same runs alone
     b = [r["scenarios"]["gpreempt-signal"]["a_latency_ms"] for r in saved.values()]
     assert b[0] != b[1]  # each trainer's own co-located runs
+
+
+def test_the_server_alone_under_gpreempt_runs_once_a_repeat_without_a_trainer(tmp_path):
+    """``a-alone-gated`` and its no-request twin: Case-A alone under ``gpreempt run --priority
+    high`` (marking its requests or not), shared by every trainer of the run as a-alone is,
+    with no Case-B started, and its latency read against a-alone."""
+    out = tmp_path / "run"
+    gated = ["a-alone-gated", "a-alone-gated-no-request"]
+    config = _config(
+        out, ["a-alone", "b-alone", *gated], _workloads(), case_b_kinds=("transformer", "cupy")
+    )
+    run_bench(config)
+
+    shared = out / "runs" / "r0"
+    assert sorted(p.name for p in shared.iterdir()) == ["a-alone", "a-alone-after", *gated]
+    for name, hint in zip(gated, ([], ["--no-request"]), strict=True):
+        argv = _registered(shared / name)["case-a"]
+        assert "high" in argv and not list((shared / name).glob("case-b*")), name
+        assert ("--no-request" in argv) == bool(hint), argv
+    for kind in ("transformer", "cupy"):
+        rows = json.loads((out / kind / "results.json").read_text())["scenarios"]
+        for name in gated:
+            assert rows[name]["valid"] and rows[name]["a_p99_ratio"] > 0, rows[name]
+            assert rows[name]["b_kept"] == 0.0
 
 
 def test_a_trainer_with_settings_of_its_own_runs_beside_the_plain_one(tmp_path):

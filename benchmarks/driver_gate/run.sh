@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The driver-level gate's cells: trainers the operator hook never sees, beside the ResNet-50
 # b8 graph server at load 0.5, with the defaults (gpreempt run --priority low|high, nothing
-# else), the server marking its requests (gpreempt) or not (gpreempt-no-request).
+# else), the server marking its requests (gpreempt) or not (gpreempt-no-request); and the server
+# alone under gpreempt run --priority high, marking them or not (a-alone-gated, ...-no-request).
 #   OUT=dir bash benchmarks/driver_gate/run.sh GROUP [GROUP ...]
 # Groups: cost (launch_cost.py), hold (hold_latency.py), residual (kernel_residual.py: what a
 # request waits for of the PyTorch trainers' kernel in flight, which no barrier cuts),
@@ -12,7 +13,8 @@
 # with or without another process's work in between; twice), server-spread (server_spread.py:
 # the graph server's speed from one start of its process to the next, by how cuDNN chose its
 # algorithms, or beside another process's idle memory; SPREAD_MODES: some of its modes, e.g.
-# "heuristics,heuristics-ballast"), gpu-tests (every GPU test, tests/gpu, with this tree's src:
+# "heuristics,heuristics-ballast"), server-gated (server_gated.py: what gpreempt costs the graph
+# server with nothing else on the GPU, part by part; ROUNDS, default 3), gpu-tests (every GPU test, tests/gpu, with this tree's src:
 # pytest_gpu.txt), marks (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU),
 # parked (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
 # process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
@@ -58,6 +60,7 @@ python3 -m gpreempt.client.gate.driver_build 2>&1 | tail -1
 source benchmarks/deadline.sh
 bench() {  # folder under $work, time limit (s), bench options...
   local name=$1 limit sampler="" rc
+  local scenarios=gpreempt,gpreempt-no-request,a-alone-gated,a-alone-gated-no-request
   limit=$(deadline_limit "$2") || { echo "$name: skipped, DEADLINE_S is near"; return 1; }
   shift 2
   rm -rf "$work/$name" "$work/$name.clocks.jsonl"
@@ -66,7 +69,7 @@ bench() {  # folder under $work, time limit (s), bench options...
       --seconds "$limit" & sampler=$!
   fi
   timeout "$limit" python3 -m gpreempt bench --no-nvml --warmup-s 1 --requests "$REQUESTS" \
-    --repeats "$REPEATS" --scenarios gpreempt,gpreempt-no-request "$@" ${BENCH_ARGS:-} \
+    --repeats "$REPEATS" --scenarios "$scenarios" "$@" ${BENCH_ARGS:-} \
     --out "$work/$name" > "$work/$name.log" 2>&1
   rc=$?
   [ -n "$sampler" ] && { kill "$sampler"; wait "$sampler"; } 2>/dev/null
@@ -99,7 +102,7 @@ keep() {  # cell name, the bench folder it ran in[, the one holding its alone ru
     2>/dev/null | grep -c '"backstop"')"
 }
 cell() {  # name, bench options...
-  bench "$1" $((REPEATS * 150 + 90)) "${@:2}" && keep "$1" "$work/$1"
+  bench "$1" $((REPEATS * 180 + 90)) "${@:2}" && keep "$1" "$work/$1"
 }
 cell_name() {  # the cell a built-in trainer's results go to
   case $1 in
@@ -128,6 +131,8 @@ for group in "$@"; do
         done
       done ;;
     transitions) timeout 570 bash benchmarks/driver_gate/transitions.sh ;;
+    server-gated) timeout 570 python3 benchmarks/driver_gate/server_gated.py \
+      --rounds "${ROUNDS:-3}" --out "$OUT/server_gated.json" ;;
     request-cost) rd=$(mktemp -d /tmp/gpt-XXXX)  # what marking requests costs a server alone
       python3 -m gpreempt serve --runtime-dir "$rd" > "$work/request-cost-daemon.log" 2>&1 &
       dpid=$!; sleep 3
@@ -179,7 +184,7 @@ for group in "$@"; do
       done ;;
     together) kinds=${TRAINERS:-transformer-sync transformer-compiled cupy-torch jax-torch}
       n=$(echo $kinds | wc -w)
-      bench together $((REPEATS * (30 + 70 * n) + 90)) --case-b "$(echo $kinds | tr ' ' ,)"
+      bench together $((REPEATS * (60 + 70 * n) + 90)) --case-b "$(echo $kinds | tr ' ' ,)"
       for kind in $kinds; do  # one trainer's bench writes its results in place
         keep "$(cell_name "$kind")" "$work/together$([ "$n" -gt 1 ] && echo "/$kind")" \
           "$work/together"  # the server alone ran once per repeat for all of them

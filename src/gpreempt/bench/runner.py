@@ -32,6 +32,7 @@ from .report import render
 from .scenario_catalog import (
     A_AFTER,
     ALL_SCENARIOS,
+    CASE_A_ONLY,
     DEFAULT_SCENARIOS,
     MEMORY_SCENARIOS,
     check_scenarios,
@@ -42,8 +43,6 @@ from .stats import combine_repeats, latency_summary
 from .workload_argv import Workloads
 
 REFERENCES = ("a-alone", "b-alone")
-#: Scenarios with Case-A alone: run once per repeat for every trainer of a shared run.
-CASE_A_ONLY = ("a-alone", A_AFTER)
 
 
 @dataclass(frozen=True)

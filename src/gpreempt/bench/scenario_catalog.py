@@ -38,6 +38,11 @@ GPREEMPT_SCENARIOS = (
 #: drift of Case-A's own latency over the run (an eager server's moves a lot). Measured
 #: whenever a scenario shares the GPU.
 A_AFTER = "a-alone-after"
+#: Case-A alone under ``gpreempt run --priority high``, marking its requests or not: what the
+#: tools library and the gate cost a server with nothing to preempt.
+GATED_ALONE = ("a-alone-gated", "a-alone-gated-no-request")
+#: Scenarios without Case-B: measured once per repeat for every Case-B kind of a run.
+CASE_A_ONLY = ("a-alone", *GATED_ALONE, A_AFTER)
 POLICY_SCENARIOS = ("gpreempt-timeslice", "gpreempt-share")
 SCHEDULER_SCENARIO = "gpreempt-scheduler"
 MEMORY_SCENARIOS = ("memory-pressure", "memory-pressure-baseline")
@@ -45,6 +50,7 @@ MEMORY_SCENARIOS = ("memory-pressure", "memory-pressure-baseline")
 DEFAULT_SCENARIOS = BASELINES + MPS_SCENARIOS + GPREEMPT_SCENARIOS
 #: Only when named in ``--scenarios`` (or ``--scenarios all``).
 OPT_IN_SCENARIOS = (
+    *GATED_ALONE,
     *POLICY_SCENARIOS,
     GATE_MPS_SCENARIO,
     SCHEDULER_SCENARIO,
@@ -66,6 +72,8 @@ DESCRIPTIONS = {
     NO_REQUEST_SCENARIO: "gpreempt with its defaults, Case-A never calls gpreempt.request()",
     **{f"gpreempt-{m}": f"gpreempt, Case-B forced to --mechanism {m}" for m in MECHANISMS},
     A_AFTER: "Case-A alone again, after every other scenario (its drift over the run)",
+    "a-alone-gated": "Case-A alone under gpreempt run --priority high (no Case-B)",
+    "a-alone-gated-no-request": "the same, Case-A never calls gpreempt.request()",
     GATE_MPS_SCENARIO: "gpreempt, mechanism gate, all processes under MPS, Case-B below normal",
     "gpreempt-timeslice": "gpreempt, policy timeslice (slices 80 ms high / 20 ms low)",
     "gpreempt-share": f"gpreempt, policy share, Case-B --min-share {SHARE_MIN}",
@@ -88,6 +96,8 @@ class DaemonSetup:
 DAEMON_SETUPS: dict[str, DaemonSetup] = {
     DEFAULT_SCENARIO: DaemonSetup(),
     NO_REQUEST_SCENARIO: DaemonSetup(a_request=False),
+    "a-alone-gated": DaemonSetup(),
+    "a-alone-gated-no-request": DaemonSetup(a_request=False),
     **{f"gpreempt-{m}": DaemonSetup(b_mechanism=m) for m in MECHANISMS},
     GATE_MPS_SCENARIO: DaemonSetup(b_mechanism=MechanismName.GATE),
     "gpreempt-timeslice": DaemonSetup(policy=PolicyName.TIMESLICE),

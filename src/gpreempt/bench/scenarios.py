@@ -24,7 +24,7 @@ from .memory_pressure import MemoryPlan
 from .mps import MpsDaemon
 from .private_daemon import PrivateDaemon
 from .scenario_catalog import (
-    A_AFTER,
+    CASE_A_ONLY,
     DAEMON_SETUPS,
     MEMORY_SCENARIOS,
     MPS_B_PRIORITY,
@@ -120,7 +120,7 @@ def _memory_plan(harness: Harness, name: str) -> MemoryPlan:
 def _run(harness: Harness, name: str, raw: RawScenario, b_alone_s: float) -> None:
     work, directory = harness.workloads, raw.directory
     with_a = name != "b-alone"
-    b_count = 0 if name in ("a-alone", A_AFTER) else harness.bg
+    b_count = 0 if name in CASE_A_ONLY else harness.bg
     setup = DAEMON_SETUPS.get(name)
     one_process = {"stream-priority": "combined", SCHEDULER_SCENARIO: "scheduled"}.get(name)
     plan = _memory_plan(harness, name) if name in MEMORY_SCENARIOS else None

@@ -1,10 +1,16 @@
 // The activity check of a task that preempts others: auto_active drops once its streams
 // drained and it launched nothing for the grace time (driver_gate.h, check_idle).
+#include <algorithm>
+#include <limits>
+
 #include "driver_gate.h"
 
 namespace gpreempt_driver {
 
 namespace {
+
+constexpr int64_t kNothingDue = std::numeric_limits<int64_t>::max();
+constexpr int64_t kIdlePollMinNs = 50 * 1000;
 
 // Whether the GPU has completed everything the process launched: an event behind each
 // stream's last launch, recorded once per burst of launches, is queried. A per-thread default
@@ -42,31 +48,36 @@ bool work_done(Gate& g) {
 
 }  // namespace
 
-void check_idle(Gate& g, int64_t now) {
+int64_t check_idle(Gate& g, int64_t now) {
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
   if (ctl == nullptr || g.active.load() == 0) {
     g.quiet_since_ns = 0;
-    return;
+    return kNothingDue;
   }
   const int64_t grace = static_cast<int64_t>(g.cfg.idle_grace_ms * 1e6);
+  // while its work runs, looked at as often as the operator gate's thread looks
+  const int64_t poll = std::max<int64_t>(kIdlePollMinNs, grace / 4);
   const int64_t last = g.last_launch_ns.load(std::memory_order_acquire);
   const bool quiet = g.quiet_since_ns != 0 && last < g.quiet_since_ns;
   if (!quiet && now - last < grace) {
     g.quiet_since_ns = 0;
-    return;  // it launched within the grace: nothing to look at yet (nor to record behind)
+    return last + grace - now;  // it launched within the grace: nothing to look at yet
   }
   if (quiet && now - g.quiet_since_ns < grace) {
-    return;  // its work completed, nothing launched since: the grace runs
+    return g.quiet_since_ns + grace - now;  // its work completed, nothing launched since
   }
   if (!work_done(g)) {
     g.quiet_since_ns = 0;
-    return;
+    return poll;
   }
   if (!quiet) {
     g.quiet_since_ns = now;  // first seen done with everything launched so far
   }
-  if (now - g.quiet_since_ns < grace || g.active.exchange(0) == 0) {
-    return;
+  if (now - g.quiet_since_ns < grace) {
+    return g.quiet_since_ns + grace - now;
+  }
+  if (g.active.exchange(0) == 0) {
+    return kNothingDue;
   }
   g.quiet_since_ns = 0;
   set_activity_word(ctl, kOffAutoActive, 0);
@@ -76,6 +87,7 @@ void check_idle(Gate& g, int64_t now) {
     set_activity_word(ctl, kOffAutoActive, 1);
   }
   ring(g);
+  return kNothingDue;
 }
 
 }  // namespace gpreempt_driver

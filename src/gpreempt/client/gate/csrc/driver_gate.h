@@ -364,9 +364,9 @@ void forget_context(Gate& g, CUcontext context);
 // Activity: auto_active drops once the process launched nothing for the grace time, its GPU
 // work has completed, and the grace time has passed again since that was first seen: a kernel
 // longer than the grace keeps it active for the grace after it completes, as the operator
-// gate does; after short kernels it drops between one and two graces after the last launch.
-// Called by the background thread.
-void check_idle(Gate& g, int64_t now);
+// gate does; after short kernels it drops a grace after they completed. Called by the
+// background thread; returns the ns until it would look again (INT64_MAX: nothing due).
+int64_t check_idle(Gate& g, int64_t now);
 
 // driver_asleep.cpp
 // Called by the background thread while the callbacks are off: barriers on every known stream

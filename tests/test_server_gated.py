@@ -1,0 +1,40 @@
+"""benchmarks/driver_gate/server_gated.py: each mode's medians over processes, and its bad
+input (the processes themselves need a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import check_says_no_gpu, load_script
+
+SCRIPT = "benchmarks/driver_gate/server_gated.py"
+
+
+def _process(idle: float, b2b: float, ahead: float) -> dict:
+    return {
+        kind: {"span_p50_ms": span, "wall_p50_ms": span + 0.05}
+        for kind, span in (("idle", idle), ("b2b", b2b), ("ahead", ahead))
+    }
+
+
+def test_each_mode_keeps_every_process_and_their_median() -> None:
+    rows = {
+        "plain": [_process(1.18, 1.17, 1.17), _process(1.20, 1.19, 1.17)],
+        "gated": [_process(1.33, 1.30, 1.18)],
+        "probe-none": [],
+    }
+    out = load_script(SCRIPT).summarise(rows)
+    assert out["plain"]["idle_span_p50_ms"] == {"runs": [1.18, 1.20], "median": pytest.approx(1.19)}
+    assert out["plain"]["ahead_wall_p50_ms"]["runs"] == pytest.approx([1.22, 1.22])
+    assert out["gated"]["b2b_span_p50_ms"]["median"] == 1.30
+    assert "probe-none" not in out  # a mode cut before its first process is left out
+
+
+def test_an_unknown_mode_is_named_in_one_line(capsys) -> None:
+    assert load_script(SCRIPT).main(["--modes", "plain,warm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "['warm']" in err and "probe-subscribe" in err
+
+
+def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
+    torch = pytest.importorskip("torch")
+    check_says_no_gpu(capsys, torch, SCRIPT, "--rounds", "1")
