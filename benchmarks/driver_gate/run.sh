@@ -14,13 +14,13 @@
 # the graph server's speed from one start of its process to the next, by how cuDNN chose its
 # algorithms, or beside another process's idle memory; SPREAD_MODES: some of its modes, e.g.
 # "heuristics,heuristics-ballast"), server-gated (server_gated.py: what gpreempt costs the graph
-# server with nothing else on the GPU, part by part; ROUNDS, default 3), gpu-tests (every GPU test, tests/gpu, with this tree's src:
-# pytest_gpu.txt), marks (barrier_cost.cu: what the parts of a mark cost the GPU and the CPU),
-# parked (parked_channel.cu: whether a stream parked at a barrier, fed or not, slows another
-# process's small kernels, launched with each of PARKED_GAPS us of CPU between them, default
-# "20 0": an eager server, and one that keeps its GPU busy; requests of
-# each of PARKED_SIZES, default 400x160: 400 requests of 160 kernels; beside each of
-# PARKED_MODES, default all of parked_channel.cu's), transitions
+# server with nothing else on the GPU, part by part; ROUNDS, default 3), gpu-tests (every GPU
+# test, tests/gpu, with this tree's src: pytest_gpu.txt), marks (barrier_cost.cu: what the
+# parts of a mark cost the GPU and the CPU), parked (parked_channel.cu: whether a stream
+# parked at a barrier, fed or not, slows another process's small kernels, launched with each
+# of PARKED_GAPS us of CPU between them, default "20 0": an eager server, and one that keeps
+# its GPU busy; requests of each of PARKED_SIZES, default 400x160: 400 requests of 160
+# kernels; beside each of PARKED_MODES, default all of parked_channel.cu's), transitions
 # (transitions.sh: what each suspension costs an eager trainer, per variant of its gate),
 # request-cost (periodic_server.py alone under gpreempt run --priority high, 3 interleaved
 # rounds of 6 s: its requests unmarked, marked with request(), and marked with no linger,
