@@ -336,3 +336,12 @@ def test_slow_requests_that_follow_each_other_are_counted_as_stretched():
     assert scenario_metrics.slow_stretch(serve, reference_ms=2.0) == []  # 3 ms is not slow then
     raw = _raw("gpreempt", starts, ends)
     assert scenario_metrics.scenario_metrics(raw, None, None)["a_slow_stretched"] == 2
+
+
+def test_a_gpu_scripts_modes_are_checked_against_the_known_ones():
+    from gpreempt.bench.device import chosen_modes
+
+    assert chosen_modes("a,,c", ("a", "b", "c")) == (["a", "c"], None)
+    modes, wrong = chosen_modes("a,z", ("a", "b"))
+    assert modes == ["a", "z"] and wrong == "--modes takes a, b; not ['z']"
+    assert chosen_modes("", ("a",))[1] == "--modes takes a; not []"

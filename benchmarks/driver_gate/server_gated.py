@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpreempt.bench.device import chosen_modes, missing_cuda
+
 MODES = (
     "plain",
     "injected",
@@ -175,18 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(args_)
-    modes = [m for m in args.modes.split(",") if m]
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown or not modes:
-        print(f"server_gated: --modes takes {', '.join(MODES)}; not {unknown}", file=sys.stderr)
-        return 2
-    try:
-        import torch
-    except ImportError:
-        print("server_gated: PyTorch is not installed here", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("server_gated: no CUDA GPU here", file=sys.stderr)
+    modes, wrong = chosen_modes(args.modes, MODES)
+    problem = wrong or missing_cuda()
+    if problem:
+        print(f"server_gated: {problem}", file=sys.stderr)
         return 2
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="gps-") as tmp:

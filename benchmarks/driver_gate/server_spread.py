@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpreempt.bench.device import chosen_modes, missing_cuda
+
 MODES = ("benchmark", "heuristics", "benchmark-busy", "heuristics-ballast")
 
 
@@ -110,18 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ballast-gib", type=float, default=16.0, help="heuristics-ballast's hold")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown or not modes:
-        print(f"server_spread: --modes takes {', '.join(MODES)}; not {unknown}", file=sys.stderr)
-        return 2
-    try:
-        import torch
-    except ImportError:
-        print("server_spread: PyTorch is not installed here", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("server_spread: no CUDA GPU here", file=sys.stderr)
+    modes, wrong = chosen_modes(args.modes, MODES)
+    problem = wrong or missing_cuda()
+    if problem:
+        print(f"server_spread: {problem}", file=sys.stderr)
         return 2
     ctx = mp.get_context("spawn")
     rows: dict[str, list[float]] = {m: [] for m in modes}

@@ -1,4 +1,5 @@
-"""What GPU this run is on, found without importing torch or NVML into the harness itself."""
+"""What GPU this run is on, found without importing torch or NVML into the harness itself; and
+the checks the GPU scripts under ``benchmarks/`` make before they start."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 #: What a bench's results.json says of the GPU it ran on (of :func:`describe`'s fields).
@@ -73,3 +75,23 @@ def describe(python: str = sys.executable) -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired, IndexError):
             pass
     return info
+
+
+def chosen_modes(given: str, known: Sequence[str]) -> tuple[list[str], str | None]:
+    """The modes a GPU script's comma-separated ``--modes`` names, and what is wrong with them
+    (None where nothing is): a line that lists the known ones."""
+    modes = [m for m in given.split(",") if m]
+    unknown = sorted(set(modes) - set(known))
+    if unknown or not modes:
+        return modes, f"--modes takes {', '.join(known)}; not {unknown}"
+    return modes, None
+
+
+def missing_cuda() -> str | None:
+    """Why a GPU script cannot run here (no PyTorch, or no CUDA GPU), or None. It imports torch:
+    for the scripts under ``benchmarks/``, never the bench's harness."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed here"
+    return None if torch.cuda.is_available() else "no CUDA GPU here"

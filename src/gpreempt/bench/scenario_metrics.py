@@ -250,8 +250,8 @@ def b_late_steps(raw: RawScenario) -> int | None:
 #: The launch gates' counters each Case-B process writes as it stops (its ``gate`` record,
 #: workloads.py): summed over the processes, but the GPU time per launch, the largest.
 OPERATOR_COUNTERS = ("launches", "barriers_put", "waits")
-_DRIVER = ("launches", "barriers", "waits", "bound_waits", "barriers_checked")
-DRIVER_COUNTERS = tuple(f"driver_{name}" for name in _DRIVER)
+DRIVER_COUNTERS = ("driver_launches", "driver_barriers", "driver_waits", "driver_bound_waits",
+                   "driver_barriers_checked")  # fmt: skip
 
 
 def b_gate_counters(trains: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
