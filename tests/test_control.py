@@ -143,3 +143,29 @@ def test_status_sums_the_driver_level_gates_waits_and_shows_the_largest_launch_c
     finally:
         for block in blocks:
             block.close()
+
+
+@pytest.mark.parametrize(
+    ("word", "asleep", "paced", "detached"),
+    [(0, False, False, False), (1, True, False, False), (2, False, True, False),
+     (3, True, False, True)],
+)  # fmt: skip
+def test_status_tells_an_asleep_paced_or_detached_driver_level_gate(
+    word: int, asleep: bool, paced: bool, detached: bool
+) -> None:
+    """The ``driver_asleep`` word (C++: callback_mode.h's Mode) as ``gpreempt status`` shows
+    it: a detached gate (CUPTI let go) is asleep too."""
+    from gpreempt.control import OFF_DRIVER_ASLEEP
+    from gpreempt.daemon.task import Task, gate_status
+    from gpreempt.daemon.task_identity import TaskIdentity
+
+    block = ControlBlock.create()
+    try:
+        block._set32(OFF_DRIVER_ASLEEP, word)
+        identity = TaskIdentity(1, 10, None, 0, 0, "server", 10, (0,), "auto")
+        status = gate_status(Task(identity, controls={10: block}))
+        assert status is not None
+        got = (status["driver_asleep"], status["driver_paced"], status["driver_detached"])
+        assert got == (asleep, paced, detached)
+    finally:
+        block.close()

@@ -17,21 +17,25 @@ FACTS = (
     "kept_awake",
     "sleep_ok",
     "may_pace",
+    "devices_known",
+    "may_detach",
 )
 
-# Reads lines of seven 0/1 (the facts, in the order of FACTS) and prints the mode of each.
+# Reads lines of nine 0/1 (the facts, in the order of FACTS) and prints the mode of each.
 PROGRAM = r"""
 #include <cstdio>
 #include "callback_mode.h"
 using namespace gpreempt_driver;
 int main() {
-  int v[7];
-  while (std::scanf("%d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) == 7) {
+  int v[9];
+  while (std::scanf("%d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7], &v[8]) == 9) {
     ModeFacts f;
     f.bound = v[0]; f.needs_launches = v[1]; f.closed = v[2]; f.watched_active = v[3];
-    f.kept_awake = v[4]; f.sleep_ok = v[5]; f.may_pace = v[6];
-    const Mode m = wanted_mode(f);
-    std::printf("%s\n", m == Mode::kAwake ? "awake" : m == Mode::kAsleep ? "asleep" : "paced");
+    f.kept_awake = v[4]; f.sleep_ok = v[5]; f.may_pace = v[6]; f.devices_known = v[7];
+    f.may_detach = v[8];
+    const char* names[] = {"awake", "asleep", "paced", "detached"};
+    std::printf("%s\n", names[static_cast<int>(wanted_mode(f))]);
   }
   return 0;
 }
@@ -76,3 +80,21 @@ def test_a_server_sleeps_unless_its_launches_tell_its_activity(rule: Path) -> No
     assert mode(rule) == "asleep"
     assert mode(rule, kept_awake=True) == "asleep"
     assert mode(rule, needs_launches=True) == "awake"
+
+
+def test_a_server_asleep_a_while_lets_cupti_go_once_its_gpus_are_known(rule: Path) -> None:
+    """A subscriber slows every graph launch of its process, callbacks on or off: a task
+    nothing preempts detaches CUPTI while it sleeps; it must know its GPUs first, as no context
+    callback tells them once detached."""
+    assert mode(rule, devices_known=True, may_detach=True) == "detached"
+    assert mode(rule, may_detach=True) == "asleep"
+    assert mode(rule, devices_known=True) == "asleep"
+
+
+def test_a_task_that_must_wake_or_may_be_preempted_never_detaches(rule: Path) -> None:
+    """Its launches must wait or tell its activity, or its barriers need the callbacks."""
+    known = {"devices_known": True, "may_detach": True}
+    assert mode(rule, **known, needs_launches=True) == "awake"
+    assert mode(rule, **known, closed=True) == "awake"
+    assert mode(rule, **known, watched_active=True) == "awake"
+    assert mode(rule, **known, bound=True, sleep_ok=True) == "asleep"

@@ -4,6 +4,9 @@
 //   none: InitializeInjection returns at once; subscribe: cuptiSubscribe, no callback on;
 //   resource: and the context callbacks; graph: and the driver API's cuGraphLaunch (the gate
 //   has it on while awake); driver: and every driver API callback (cuptiEnableDomain).
+//   unsubscribe, finalize, resubscribe: as subscribe; then, when the program calls
+//   gpreempt_probe_detach() (server_gated.py's child does, once warm): cuptiUnsubscribe;
+//   and cuptiFinalize (CUPTI detached from the process); or cuptiSubscribe again.
 #include <cupti.h>
 
 #include <cstdlib>
@@ -16,7 +19,11 @@ void CUPTIAPI nothing(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*
 
 extern "C" int InitializeInjection() {
   const char* mode = std::getenv("GPREEMPT_PROBE");
+  const bool detaching = mode != nullptr && (std::strcmp(mode, "unsubscribe") == 0 ||
+                                             std::strcmp(mode, "finalize") == 0 ||
+                                             std::strcmp(mode, "resubscribe") == 0);
   const int level = mode == nullptr                         ? 0
+                    : detaching                           ? 1
                     : std::strcmp(mode, "subscribe") == 0 ? 1
                     : std::strcmp(mode, "resource") == 0  ? 2
                     : std::strcmp(mode, "graph") == 0     ? 3
@@ -39,4 +46,20 @@ extern "C" int InitializeInjection() {
     cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
   }
   return 1;
+}
+
+// The detaching modes' second step; returns the first CUPTI error, 0 when all succeeded.
+extern "C" int gpreempt_probe_detach() {
+  const char* mode = std::getenv("GPREEMPT_PROBE");
+  if (mode == nullptr || subscriber == nullptr) {
+    return -1;
+  }
+  CUptiResult rc = cuptiUnsubscribe(subscriber);
+  subscriber = nullptr;
+  if (rc == CUPTI_SUCCESS && std::strcmp(mode, "finalize") == 0) {
+    rc = cuptiFinalize();
+  } else if (rc == CUPTI_SUCCESS && std::strcmp(mode, "resubscribe") == 0) {
+    rc = cuptiSubscribe(&subscriber, nothing, nullptr);
+  }
+  return static_cast<int>(rc);
 }

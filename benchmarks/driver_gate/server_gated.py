@@ -15,12 +15,18 @@ Modes, in turn within each round (the order reversed every other round):
 * ``gated``: under ``gpreempt run --priority high`` with a private daemon, requests unmarked
   (the bench's ``a-alone-gated-no-request``); ``gated-request``: each request in
   ``gpreempt.request()`` (``a-alone-gated``);
-* ``gated-no-driver``, ``gated-no-operator``, ``gated-neither``: ``gated`` without the
-  driver-level gate (``GPREEMPT_DRIVER_GATE=0``), without the operator gate
-  (``GPREEMPT_GATE=0``), without both;
+* ``gated-kept``, ``gated-no-driver``, ``gated-no-operator``, ``gated-neither``: ``gated``
+  with the driver-level gate keeping CUPTI while it sleeps (``GPREEMPT_DRIVER_DETACH=0``),
+  without it (``GPREEMPT_DRIVER_GATE=0``), without the operator gate (``GPREEMPT_GATE=0``),
+  without both;
 * ``probe-none``, ``probe-subscribe``, ``probe-resource``, ``probe-graph``, ``probe-driver``:
   ``cupti_probe.cpp`` (built here with g++) through ``CUDA_INJECTION64_PATH``, doing one part of
-  what the driver-level gate does with CUPTI (its header says which), no daemon.
+  what the driver-level gate does with CUPTI (its header says which), no daemon;
+  ``probe-unsubscribe``, ``probe-finalize``, ``probe-resubscribe``: subscribed, then once warm
+  let go (``cuptiUnsubscribe``), detached (and ``cuptiFinalize``), or subscribed again.
+
+Each process also times the host's part of each CUDA call of a request after 1 ms idle
+(``calls_us``): which call a mode slows.
 
     PYTHONPATH=src python3 benchmarks/driver_gate/server_gated.py --rounds 3 --out FILE
 """
@@ -28,6 +34,7 @@ Modes, in turn within each round (the order reversed every other round):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -45,6 +52,7 @@ MODES = (
     "injected",
     "gated",
     "gated-request",
+    "gated-kept",
     "gated-no-driver",
     "gated-no-operator",
     "gated-neither",
@@ -53,9 +61,14 @@ MODES = (
     "probe-resource",
     "probe-graph",
     "probe-driver",
+    "probe-unsubscribe",
+    "probe-finalize",
+    "probe-resubscribe",
 )
 KINDS = ("idle", "b2b", "ahead")
+_DETACHING = ("unsubscribe", "finalize", "resubscribe")
 _ENV = {
+    "gated-kept": {"GPREEMPT_DRIVER_DETACH": "0"},
     "gated-no-driver": {"GPREEMPT_DRIVER_GATE": "0"},
     "gated-no-operator": {"GPREEMPT_GATE": "0"},
     "gated-neither": {"GPREEMPT_DRIVER_GATE": "0", "GPREEMPT_GATE": "0"},
@@ -79,6 +92,12 @@ def _child(requests: int, mark: bool) -> None:
     import torch
 
     out: dict[str, Any] = {}
+    if os.environ.get("GPREEMPT_PROBE") in _DETACHING:
+        import ctypes
+
+        probe = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+        out["detach_rc"] = probe.gpreempt_probe_detach()
+    out["calls_us"] = _host_calls(request, requests)
     for kind in KINDS:
         del spans[:]
         walls = []
@@ -95,7 +114,53 @@ def _child(requests: int, mark: bool) -> None:
             "span_p50_ms": statistics.median(spans),
             "wall_p50_ms": statistics.median(walls),
         }
+    if os.environ.get("GPREEMPT_PROBE") is None and os.environ.get("CUDA_INJECTION64_PATH"):
+        import ctypes  # the driver-level gate's mode at the end (3: CUPTI let go)
+
+        gate = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+        out["driver_mode"] = gate.gpreempt_driver_mode()
     print(json.dumps(out), flush=True)
+
+
+def _host_calls(request: Any, requests: int) -> dict[str, float]:
+    """The host's time in each CUDA call of a request (us, median; each request after 1 ms
+    idle), timed by wrapping the PyTorch methods that the request calls."""
+    import torch
+
+    times: dict[str, list[float]] = {}
+    wrapped = [
+        (torch.cuda.Event, "record"),
+        (torch.Tensor, "copy_"),
+        (torch.cuda.CUDAGraph, "replay"),
+        (torch.cuda.Stream, "synchronize"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in wrapped]
+    order: list[str] = []
+
+    def timed(name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                order.append(name)
+                times.setdefault(f"{len(order)}-{name}", []).append(
+                    (time.perf_counter_ns() - t) / 1e3
+                )
+
+        return call
+
+    try:
+        for owner, name, method in saved:
+            setattr(owner, name, timed(name, method))
+        for _ in range(requests):
+            time.sleep(1e-3)
+            del order[:]
+            request()
+    finally:
+        for owner, name, method in saved:
+            setattr(owner, name, method)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _argv(mode: str, rd: Path, requests: int) -> list[str]:
@@ -125,11 +190,12 @@ def _probe() -> Path:
     """cupti_probe.cpp built beside the driver-level gate's library, with its flags."""
     from gpreempt.client.gate import driver_build as b
 
-    out = Path(tempfile.gettempdir()) / "gpreempt_cupti_probe.so"
+    source = Path(__file__).with_name("cupti_probe.cpp")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    out = Path(tempfile.gettempdir()) / f"gpreempt_cupti_probe_{digest}.so"
     if not out.exists():
         cupti = b.find_library_dir("cupti")
         includes = [f"-I{d}" for d in b.find_include_dirs()]
-        source = Path(__file__).with_name("cupti_probe.cpp")
         subprocess.run(
             ["g++", "-O2", "-shared", "-fPIC", *includes, str(source), "-o", str(out),
              f"-L{cupti}", b._link_flag(cupti, "cupti"), f"-Wl,-rpath,{cupti}"],
@@ -161,6 +227,14 @@ def summarise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             for what in ("span_p50_ms", "wall_p50_ms"):
                 values = [r[kind][what] for r in runs]
                 out[mode][f"{kind}_{what}"] = {"runs": values, "median": statistics.median(values)}
+        calls = [r["calls_us"] for r in runs if "calls_us" in r]
+        if calls:
+            out[mode]["calls_us"] = {
+                k: statistics.median(c[k] for c in calls if k in c) for k in calls[0]
+            }
+        for key in ("detach_rc", "driver_mode"):
+            if any(key in r for r in runs):
+                out[mode][key] = [r.get(key) for r in runs]
     return out
 
 
@@ -210,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     print("mode               GPU span p50 (ms) after 1 ms idle / back to back / queued ahead")
     for mode, s in summarise(rows).items():
         print(f"{mode:18s} " + " / ".join(f"{s[f'{k}_span_p50_ms']['median']:.3f}" for k in KINDS))
+    print("mode               host time per call after 1 ms idle (us, median of processes)")
+    for mode, s in summarise(rows).items():
+        calls = s.get("calls_us", {})
+        print(f"{mode:18s} " + " ".join(f"{k} {v:.1f}" for k, v in calls.items()))
     return 0
 
 

@@ -53,7 +53,8 @@ offset  type   meaning
                not be set up, or a stream barrier could not be put) (client)
 68      u32    driver_asleep: the driver-level gate's callbacks are off, its thread
                putting its barriers: 1 asleep (nobody more important was active for a
-               while), 2 paced (its process queues no faster than its GPU runs);
+               while), 2 paced (its process queues no faster than its GPU runs),
+               3 detached (asleep, a task nothing preempts: CUPTI let go);
                0 while they are on (client)
 72      u64    driver_launches: launches the driver-level gate saw (client)
 80      u64    driver_waits: launches it held (client)
@@ -181,9 +182,16 @@ class ControlStats:
     driver_barriers: int = 0
     driver_asleep: bool = False  # callbacks off: nobody more important active for a while
     driver_paced: bool = False  # callbacks off: its process queues no faster than its GPU runs
+    driver_detached: bool = False  # asleep, CUPTI let go: a task nothing preempts
     driver_us_per_launch: float = 0.0  # the GPU time per launch it last learned on a stream
     driver_bound_waits: int = 0  # launches that waited for the work in flight to drain
     driver_barriers_checked: int = 0  # barriers whose pass the GPU-side check could date
+
+
+def driver_modes(word: int) -> dict[str, bool]:
+    """The ``driver_asleep`` word as :class:`ControlStats`' flags (detached is asleep too)."""
+    asleep, paced, detached = word in (1, 3), word == 2, word == 3
+    return {"driver_asleep": asleep, "driver_paced": paced, "driver_detached": detached}
 
 
 _PROT_READ = 1

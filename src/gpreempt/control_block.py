@@ -61,6 +61,7 @@ from .control import (
     SIZE,
     ControlStats,
     closed_while_watched,
+    driver_modes,
     wants_gpu,
 )
 
@@ -268,8 +269,7 @@ class ControlBlock:
             driver_launches=self.driver_launches,
             driver_waits=_U64.unpack_from(self._map, OFF_DRIVER_WAITS)[0],
             driver_barriers=_U64.unpack_from(self._map, OFF_DRIVER_BARRIERS)[0],
-            driver_asleep=self._get32(OFF_DRIVER_ASLEEP) == 1,
-            driver_paced=self._get32(OFF_DRIVER_ASLEEP) == 2,
+            **driver_modes(self._get32(OFF_DRIVER_ASLEEP)),
             driver_us_per_launch=self._get32(OFF_DRIVER_NS_PER_LAUNCH) / 1e3,
             driver_bound_waits=self._get32(OFF_DRIVER_BOUND_WAITS),
             driver_barriers_checked=self._get32(OFF_BARRIERS_CHECKED),

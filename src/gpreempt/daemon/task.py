@@ -359,9 +359,12 @@ def gate_status(task: Task) -> dict[str, Any] | None:
         "driver_bound_waits": sum(b.driver_bound_waits for b in blocks),
         "driver_us_per_launch": max((b.driver_us_per_launch for b in blocks), default=0.0),
         # its callbacks are off, its barriers put by its thread: asleep (nobody more important
-        # active for a while) or paced (awake, its process queues no faster than its GPU runs)
+        # active for a while) or paced (awake, its process queues no faster than its GPU runs);
+        # detached: asleep with CUPTI let go (a task nothing preempts: a subscriber slows its
+        # graph launches)
         "driver_asleep": any(b.driver_asleep for b in blocks),
         "driver_paced": any(b.driver_paced for b in blocks),
+        "driver_detached": any(b.driver_detached for b in blocks),
         # its GPU work passed a stream barrier while a task it watches stayed active, of the
         # barriers whose pass the GPU-side check could date
         "barrier_leaks": sum(c.barrier_leaks for c in task.controls.values()),

@@ -24,6 +24,8 @@ from .build import CSRC, build_plain_library, report_build
 SOURCES = tuple(sorted(CSRC.glob("driver_*.cpp")))
 HEADERS = (
     CSRC / "driver_gate.h",
+    CSRC / "driver_callbacks.h",
+    CSRC / "driver_cupti.h",
     CSRC / "asleep_drain.h",
     CSRC / "barrier_check.h",
     CSRC / "callback_mode.h",

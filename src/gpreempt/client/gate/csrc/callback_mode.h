@@ -11,6 +11,10 @@
 // by default, as it cost the eager trainer's server more than it saved, docs/results.md), no
 // trial failed lately, barriers hold, and no thread launches on its per-thread default stream,
 // a stream no other thread can put barriers on.
+//
+// Asleep, a task nothing preempts lets CUPTI go (detached) once its GPUs are known and it has
+// slept a while (driver_inject.cpp): a subscriber slows every graph launch of the process,
+// callbacks on or off. It subscribes again when it must wake.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +22,9 @@
 namespace gpreempt_driver {
 
 // What the gate's callbacks do: on (awake), or off with the gate's thread putting barriers
-// (asleep, paced). The control block's driver_asleep word says which.
-enum class Mode : uint32_t { kAwake = 0, kAsleep = 1, kPaced = 2 };
+// (asleep, paced), or none, CUPTI let go (detached). The control block's driver_asleep word
+// says which.
+enum class Mode : uint32_t { kAwake = 0, kAsleep = 1, kPaced = 2, kDetached = 3 };
 
 // What the choice reads, at one moment.
 struct ModeFacts {
@@ -30,6 +35,8 @@ struct ModeFacts {
   bool kept_awake = false;      // a backlog, or the look for new streams, keeps it awake
   bool sleep_ok = false;        // the daemon lets it sleep
   bool may_pace = false;        // pacing is on and would hold (above)
+  bool devices_known = false;   // a context of the process was seen
+  bool may_detach = false;      // asleep a while (or detached), detaching allowed, never failed
 };
 
 inline Mode wanted_mode(const ModeFacts& f) {
@@ -37,7 +44,7 @@ inline Mode wanted_mode(const ModeFacts& f) {
     return Mode::kAwake;
   }
   if (!f.bound) {
-    return Mode::kAsleep;
+    return f.devices_known && f.may_detach ? Mode::kDetached : Mode::kAsleep;
   }
   if (f.kept_awake) {
     return Mode::kAwake;

@@ -10,7 +10,13 @@
 // Destroyed (cuCtxDestroy, cudaDeviceReset, cuDevicePrimaryCtxReset): the gate forgets the
 // context's streams and events before they go, so that it neither queries dead events nor
 // takes a new context made at the same address for the old one.
+//
+// Detached from CUPTI (driver_cupti.cpp), no callback says either: the gate forgets every
+// context when it detaches, and its thread looks for the GPUs whose primary context the
+// process started (the contexts of PyTorch, JAX, CuPy and the CUDA runtime).
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "driver_gate.h"
 #include "visible_devices.h"
@@ -19,19 +25,23 @@ namespace gpreempt_driver {
 
 namespace {
 
-void on_context_created(Gate& g, CUcontext context) {
-  uint32_t ordinal = 0;
-  if (context == nullptr || cuptiGetDeviceId(context, &ordinal) != CUPTI_SUCCESS) {
-    return;
-  }
-  const int gpu = gpreempt_devices::physical_gpu(static_cast<int>(ordinal),
-                                                 getenv("CUDA_VISIBLE_DEVICES"));
-  if (gpu < 0) {
+// The process has a context on device `ordinal` (as it counts them): its physical GPU into
+// the block's devices word, the doorbell rung where that adds one.
+void note_device(Gate& g, int ordinal) {
+  const int gpu = gpreempt_devices::physical_gpu(ordinal, getenv("CUDA_VISIBLE_DEVICES"));
+  if (gpu < 0 || gpu >= 64) {
     return;  // an index the daemon could not be told (a UUID in CUDA_VISIBLE_DEVICES)
   }
   const uint64_t bit = uint64_t{1} << gpu;
   if ((g.devices.fetch_or(bit) & bit) == 0) {
     publish_devices(g);
+  }
+}
+
+void on_context_created(Gate& g, CUcontext context) {
+  uint32_t ordinal = 0;
+  if (context != nullptr && cuptiGetDeviceId(context, &ordinal) == CUPTI_SUCCESS) {
+    note_device(g, static_cast<int>(ordinal));
   }
 }
 
@@ -55,6 +65,43 @@ void publish_devices(Gate& g) {
       __atomic_fetch_or(reinterpret_cast<uint64_t*>(ctl + kOffDevices), bits, __ATOMIC_RELEASE);
   if ((had | bits) != had) {
     ring(g);
+  }
+}
+
+void look_for_devices(Gate& g) {
+  const Guard guard;
+  int count = 0;
+  if (cu()->cuDeviceGetCount(&count) != CUDA_SUCCESS) {
+    return;
+  }
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    CUdevice device = 0;
+    unsigned int flags = 0;
+    int active = 0;
+    if (cu()->cuDeviceGet(&device, ordinal) == CUDA_SUCCESS &&
+        cu()->cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS && active != 0) {
+      note_device(g, ordinal);
+    }
+  }
+}
+
+void forget_contexts(Gate& g) {
+  std::vector<CUcontext> contexts;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    for (const auto& [key, st] : g.streams) {
+      contexts.push_back(st.context);
+    }
+    for (const auto* spares : {&g.spare_events, &g.spare_plain}) {
+      for (const auto& [context, events] : *spares) {
+        contexts.push_back(context);
+      }
+    }
+  }
+  std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
+  for (CUcontext context : contexts) {
+    forget_context(g, context);
   }
 }
 

@@ -15,9 +15,9 @@
 //   * driver_activity.cpp: a process that preempts others publishes its activity from its
 //     launches, and drops it once its streams drained;
 //   * driver_verify.cpp: the check that the barriers hold, the thread's included;
-//   * driver_inject.cpp: CUPTI set-up, the callback, switching callbacks off while the gate may
-//     sleep and on again when it must wake, giving CUPTI up to a profiler and taking it back,
-//     the functions the Python client calls (ctypes);
+//   * driver_inject.cpp: the callback, the gate's thread, what the Python client calls;
+//     driver_cupti.cpp: CUPTI's subscriber, callbacks off while the gate may sleep and on when
+//     it must wake, CUPTI let go while nothing needs it, given to a profiler and taken back;
 //   * driver_asleep.cpp: while the callbacks are off (asleep or paced), stream barriers put by
 //     the gate's thread, and waking the gate where the process queues faster than they bound;
 //   * driver_contexts.cpp: the GPUs of its contexts, told to the daemon; dead ones, forgotten;
@@ -155,6 +155,7 @@ struct Gate : HoldState<Config> {
   std::atomic<int64_t> awake_until_ns{0};  // a backlog keeps the gate awake until then
   std::atomic<bool> per_thread{false};  // it launched on a per-thread default stream
   bool pacing_on = false;  // the gate may pace (GPREEMPT_DRIVER_PACED=1, read at cuInit)
+  bool detach_on = true;   // it may let CUPTI go (not GPREEMPT_DRIVER_DETACH=0, read at cuInit)
   PacedTrials trials;      // when it may try pacing again (the gate's thread's)
   std::mutex mu;  // streams, events, capture starts
   std::unordered_map<StreamKey, StreamState, StreamKeyHash> streams;
@@ -173,23 +174,12 @@ Gate& gate();
 // The driver functions the gate calls, from the libcuda the process has loaded (the library is
 // loaded by that driver; linking to it would need its development files where it is built).
 // Each is looked up under the name cuda.h maps it to (cuEventDestroy -> cuEventDestroy_v2, ...).
-#define GP_CU_FUNCTIONS(X)                                                                  \
-  X(cuCtxGetCurrent)                                                                   \
-  X(cuCtxPopCurrent)                                                                   \
-  X(cuCtxPushCurrent)                                                                  \
-  X(cuEventCreate)                                                                     \
-  X(cuEventDestroy)                                                                    \
-  X(cuEventElapsedTime)                                                                \
-  X(cuEventQuery)                                                                      \
-  X(cuEventRecord)                                                                     \
-  X(cuMemHostGetDevicePointer)                                                         \
-  X(cuMemHostRegister)                                                                 \
-  X(cuStreamBatchMemOp)                                                                \
-  X(cuStreamGetCtx)                                                                    \
-  X(cuStreamIsCapturing)                                                               \
-  X(cuStreamQuery)                                                                     \
-  X(cuStreamWaitValue32)                                                               \
-  X(cuStreamWaitValue64)                                                               \
+#define GP_CU_FUNCTIONS(X) \
+  X(cuCtxGetCurrent) X(cuCtxPopCurrent) X(cuCtxPushCurrent) X(cuDeviceGet) \
+  X(cuDeviceGetCount) X(cuDevicePrimaryCtxGetState) X(cuEventCreate) X(cuEventDestroy) \
+  X(cuEventElapsedTime) X(cuEventQuery) X(cuEventRecord) X(cuMemHostGetDevicePointer) \
+  X(cuMemHostRegister) X(cuStreamBatchMemOp) X(cuStreamGetCtx) X(cuStreamIsCapturing) \
+  X(cuStreamQuery) X(cuStreamWaitValue32) X(cuStreamWaitValue64) \
   X(cuThreadExchangeStreamCaptureMode)
 
 struct CuApi {
@@ -269,6 +259,10 @@ void on_context_call(Gate& g, CUpti_CallbackId cbid, const CUpti_ResourceData* d
 // The GPUs seen so far into the block, where there is one; rings where that adds one.
 void publish_devices(Gate& g);
 bool enable_context_callbacks(CUpti_SubscriberHandle subscriber);
+// Detached from CUPTI: the GPUs whose primary context the process started, into the block; and
+// every context forgotten (their streams and events), as no callback tells which go.
+void look_for_devices(Gate& g);
+void forget_contexts(Gate& g);
 
 // driver_stranded.cpp: a watched task's block as the own channel holds it (driver_channel.cpp)
 struct WatchedBlock {

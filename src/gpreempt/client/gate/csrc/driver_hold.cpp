@@ -16,11 +16,12 @@ bool barriers_hold(Gate& g, const uint8_t* ctl) {
 
 // The rule of the operator gate (gpreempt.control.released_by_watch): a gate closed only while
 // watch list V is active goes on once none is; with barriers the CPU does not stop for watched
-// tasks (the GPU does).
+// tasks (the GPU does). A task at `high` or above has no barriers: while a more important task
+// it watches is active, its launches wait on the CPU.
 bool must_wait(Gate& g, uint32_t word, const WatchList* w) {
   if (word == 0 || closed_while_watched(word, w)) {
     const uint8_t* ctl = g.ctl.load(std::memory_order_relaxed);
-    return g.cfg.bound && watched_active(w) && !barriers_hold(g, ctl);
+    return watched_active(w) && !barriers_hold(g, ctl);
   }
   return true;
 }

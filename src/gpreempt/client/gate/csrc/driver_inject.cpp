@@ -19,6 +19,7 @@
 #include <string_view>
 #include <thread>
 
+#include "driver_cupti.h"
 #include "driver_gate.h"
 
 namespace gpreempt_driver {
@@ -59,61 +60,6 @@ bool cu_load() {
   return true;
 }
 
-namespace {
-
-// The driver calls the gate holds: every way to queue work on a GPU.
-constexpr CUpti_CallbackId kHeld[] = {
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunch,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8Async,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8Async_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D32Async,
-    CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D32Async_ptsz,
-};
-constexpr CUpti_CallbackId kStreamGone[] = {
-    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy,
-    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
-};
-
-// The subscriber and the enabled callbacks. Never destroyed: the gate's thread may still take
-// it while the process exits.
-std::mutex& cupti_mu = *new std::mutex();
-CUpti_SubscriberHandle subscriber = nullptr;
-std::atomic<uint32_t> state{kDriverNone};
-std::atomic<Mode> current{Mode::kAwake};  // subscribe() switches every callback on
-
 void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
                              CUpti_CallbackId cbid, const void* cbdata) {
   if (gate().exiting.load(std::memory_order_relaxed)) {
@@ -137,6 +83,12 @@ void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
   if (on_capture_call(gate(), cbid, data)) {
     return;
   }
+  if (detach_asked()) {
+    if (data->callbackSite == CUPTI_API_EXIT) {
+      finish_detach();
+    }
+    return;  // asleep: its callbacks are on only to detach
+  }
   if (data->callbackSite == CUPTI_API_ENTER) {
     before_launch(cbid, data);
   } else {
@@ -144,49 +96,15 @@ void CUPTIAPI on_driver_call(void* /*userdata*/, CUpti_CallbackDomain domain,
   }
 }
 
-// cupti_mu held.
-bool enable_held(bool on) {
-  bool ok = true;
-  for (CUpti_CallbackId id : kHeld) {
-    ok = cuptiEnableCallback(on ? 1 : 0, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) ==
-             CUPTI_SUCCESS &&
-         ok;
-  }
-  return ok;
-}
+namespace {
 
-// cupti_mu held.
-uint32_t subscribe() {
-  const CUptiResult r = cuptiSubscribe(&subscriber, on_driver_call, nullptr);
-  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-    subscriber = nullptr;
-    return kDriverUnavailable;
-  }
-  if (r != CUPTI_SUCCESS) {
-    subscriber = nullptr;
-    return kDriverFailed;
-  }
-  bool ok = true;
-  for (CUpti_CallbackId id : kStreamGone) {
-    ok = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS && ok;
-  }
-  ok = enable_capture_callbacks(subscriber) && ok;
-  ok = enable_context_callbacks(subscriber) && ok;
-  ok = enable_held(true) && ok;
-  current.store(Mode::kAwake);
-  if (uint8_t* ctl = gate().ctl.load(std::memory_order_acquire); ctl != nullptr) {
-    store32(ctl, kOffDriverAsleep, static_cast<uint32_t>(Mode::kAwake));
-  }
-  if (!ok) {
-    cuptiUnsubscribe(subscriber);
-    subscriber = nullptr;
-    return kDriverFailed;
-  }
-  return kDriverOn;
-}
+// Asleep this long, a task nothing preempts lets CUPTI go (driver_cupti.cpp); detached, its
+// thread looks for GPUs the process started on this often (no context callback tells them).
+constexpr int64_t kDetachAfterNs = 1000LL * 1000 * 1000;
+constexpr int64_t kDeviceLookNs = 10 * 1000 * 1000;
 
 // The mode the gate should be in now (callback_mode.h).
-Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now) {
+Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now, Mode mode, int64_t asleep_since) {
   ModeFacts f;
   f.bound = g.cfg.bound;
   f.needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
@@ -197,29 +115,18 @@ Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now) {
   f.sleep_ok = load32(ctl, kOffSleepOk) != 0;
   f.may_pace = g.pacing_on && g.trials.allowed(now) && barriers_hold(g, ctl) &&
                !g.per_thread.load(std::memory_order_relaxed);
+  f.devices_known = g.devices.load(std::memory_order_relaxed) != 0;
+  f.may_detach = g.detach_on && detach_allowed() &&
+                 (mode == Mode::kDetached ||
+                  (mode == Mode::kAsleep && now - asleep_since >= kDetachAfterNs));
   return wanted_mode(f);
-}
-
-// Switches to `want` (false where CUPTI would not): callbacks, word, asleep marks ended.
-bool switch_mode(Gate& g, uint8_t* ctl, Mode from, Mode want) {
-  {
-    std::lock_guard<std::mutex> lock(cupti_mu);
-    if (subscriber == nullptr || current.load() != from) {
-      return false;  // released, or taken back (every callback on) since `from` was read
-    }
-    if ((from == Mode::kAwake) != (want == Mode::kAwake) && !enable_held(want == Mode::kAwake)) {
-      return false;
-    }
-    current.store(want);
-    store32(ctl, kOffDriverAsleep, static_cast<uint32_t>(want));
-  }
-  end_asleep_marks(g);
-  return true;
 }
 
 void background() {
   pthread_setname_np(pthread_self(), "gpreempt-drv");
   Gate& g = gate();
+  int64_t asleep_since = 0;
+  int64_t next_device_look = 0;
   for (;;) {
     uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
     const int64_t now = now_ns();
@@ -228,21 +135,31 @@ void background() {
       g.background_busy.store(false);
       return;  // the driver is being torn down: no more calls into it
     }
-    const bool on = ctl != nullptr && state.load() == kDriverOn;
-    Mode mode = current.load();
+    const bool on = ctl != nullptr && driver_state() == kDriverOn;
+    Mode mode = current_mode();
     int64_t idle_due = std::numeric_limits<int64_t>::max();
     if (on) {
       discover_streams(g, now);
-      Mode want = mode_now(g, ctl, now);
+      asleep_since = mode != Mode::kAsleep ? 0 : asleep_since != 0 ? asleep_since : now;
+      Mode want = mode_now(g, ctl, now, mode, asleep_since);
       // asked last, not among the mode's facts: it takes the gate's mutex and reaps marks
       if (want == Mode::kPaced && mode == Mode::kAwake && !may_start_pacing(g)) {
         want = Mode::kAwake;  // not yet: its queue is deep
       }
-      if (want != mode && switch_mode(g, ctl, mode, want)) {
-        mode = want;
+      if (want == Mode::kDetached || mode == Mode::kDetached || detach_pending()) {
+        mode = step_detach(g, ctl, mode, want);
+      }
+      const Mode to = want == Mode::kDetached ? Mode::kAsleep : want;  // asleep, then detached
+      if (mode != Mode::kDetached && to != mode && switch_mode(g, ctl, mode, to)) {
+        mode = to;
+      }
+      if (mode == Mode::kDetached && now >= next_device_look) {
+        look_for_devices(g);
+        next_device_look = now + kDeviceLookNs;
       }
       idle_due = check_idle(g, now);
-      if (mode != Mode::kAwake && asleep_barriers(g, now, mode == Mode::kPaced)) {
+      if ((mode == Mode::kAsleep || mode == Mode::kPaced) &&
+          asleep_barriers(g, now, mode == Mode::kPaced)) {
         g.trials.failed(now);  // switched back on at the next turn
       }
     }
@@ -250,7 +167,7 @@ void background() {
     g.background_busy.store(false);
     // an activity that may drop is looked at when due: a server's drop then lags its work by
     // its grace, not by the grace and up to two of these pauses
-    const int64_t every = mode == Mode::kAwake ? 250000 : mode == Mode::kAsleep ? 200000 : 50000;
+    const int64_t every = mode == Mode::kAwake ? 250000 : mode == Mode::kPaced ? 50000 : 200000;
     timespec pause{0, static_cast<long>(std::min(every, std::max<int64_t>(idle_due, 20000)))};
     nanosleep(&pause, nullptr);
   }
@@ -275,20 +192,6 @@ void after_fork_in_child() {
 
 }  // namespace
 
-void publish_state(uint32_t s) {
-  if (s == kDriverOn && !gate().barriers_ok.load()) {
-    s = kDriverFailed;  // a barrier failed, for good: it cannot hold what the process queued
-  }
-  state.store(s);
-  uint8_t* ctl = gate().ctl.load(std::memory_order_acquire);
-  if (ctl != nullptr) {
-    store32(ctl, kOffDriverGate, s);
-    if (s == kDriverOn && !gate().cfg.torch_gate && gate().cfg.bound) {
-      store32(ctl, kOffInstalled, 1);
-    }
-  }
-}
-
 }  // namespace gpreempt_driver
 
 using namespace gpreempt_driver;
@@ -305,11 +208,9 @@ __attribute__((visibility("default"))) int InitializeInjection() {
   std::atexit(at_exit);
   const char* pacing = getenv("GPREEMPT_DRIVER_PACED");
   g.pacing_on = pacing != nullptr && std::string_view(pacing) == "1";  // off unless asked
-  uint32_t s = kDriverFailed;
-  if (cu_load()) {
-    std::lock_guard<std::mutex> lock(cupti_mu);
-    s = subscribe();
-  }
+  const char* detaching = getenv("GPREEMPT_DRIVER_DETACH");
+  g.detach_on = detaching == nullptr || std::string_view(detaching) != "0";  // on unless not
+  const uint32_t s = cu_load() ? take_cupti() : kDriverFailed;
   if (g.ctl.load() == nullptr && getenv("GPREEMPT_TASK_ID") != nullptr) {
     g.cfg = config_from_environment();
     open_own_channel(g);
@@ -336,7 +237,7 @@ __attribute__((visibility("default"))) int gpreempt_driver_adopt(
     return adopted == Adopted::kAgain ? 1 : 0;
   }
   if (g.initialized.load()) {
-    publish_state(state.load());
+    publish_state(driver_state());
   }
   publish_devices(g);
   return 1;
@@ -351,31 +252,18 @@ __attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uint
 
 // Hands CUPTI to a profiler: the gate holds nothing until gpreempt_driver_resume.
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
-  std::lock_guard<std::mutex> lock(cupti_mu);
-  if (subscriber != nullptr) {
-    cuptiUnsubscribe(subscriber);
-    subscriber = nullptr;
-    {
-      // a capture the profiler's time begins goes uncounted: the gate asks each stream from now
-      std::lock_guard<std::mutex> gate_lock(gate().mu);
-      gate().captures_counted.store(false);
-    }
-    publish_state(kDriverReleased);
-  }
-  return state.load();
+  return release_cupti();
 }
 
 // Takes CUPTI back after a profiler; the state says whether it could.
-__attribute__((visibility("default"))) uint32_t gpreempt_driver_resume() {
-  std::lock_guard<std::mutex> lock(cupti_mu);
-  if (subscriber == nullptr && gate().initialized.load()) {
-    const uint32_t s = subscribe();
-    publish_state(s == kDriverUnavailable ? kDriverReleased : s);
-  }
-  return state.load();
-}
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_resume() { return resume_cupti(); }
 
-__attribute__((visibility("default"))) uint32_t gpreempt_driver_state() { return state.load(); }
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_state() { return driver_state(); }
+
+// The mode of its callbacks (callback_mode.h): 0 awake, 1 asleep, 2 paced, 3 detached.
+__attribute__((visibility("default"))) uint32_t gpreempt_driver_mode() {
+  return static_cast<uint32_t>(current_mode());
+}
 
 // The version of the watch list the gate holds now (0: none, or incomplete).
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_watch_version() {
