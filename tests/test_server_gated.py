@@ -29,6 +29,18 @@ def test_each_mode_keeps_every_process_and_their_median() -> None:
     assert "probe-none" not in out  # a mode cut before its first process is left out
 
 
+def test_the_host_calls_and_the_gates_mode_are_kept_where_processes_tell_them() -> None:
+    """Each call's host time: the median over the processes; the driver-level gate's mode at
+    the end (3: CUPTI let go) and a probe's answer to letting go, per process."""
+    first = {**_process(1.18, 1.17, 1.16), "calls_us": {"3-replay": 20.0}, "driver_mode": 3}
+    second = {**_process(1.19, 1.17, 1.16), "calls_us": {"3-replay": 30.0}, "driver_mode": 1}
+    probe = {**_process(1.18, 1.17, 1.16), "calls_us": {"3-replay": 18.0}, "detach_rc": 0}
+    out = load_script(SCRIPT).summarise({"gated": [first, second], "probe-finalize": [probe]})
+    assert out["gated"]["calls_us"] == {"3-replay": pytest.approx(25.0)}
+    assert out["gated"]["driver_mode"] == [3, 1] and "detach_rc" not in out["gated"]
+    assert out["probe-finalize"]["detach_rc"] == [0]
+
+
 def test_an_unknown_mode_is_named_in_one_line(capsys) -> None:
     assert load_script(SCRIPT).main(["--modes", "plain,warm"]) == 2
     err = capsys.readouterr().err.strip()

@@ -22,6 +22,7 @@ from conftest import (
     task_named,
     wait_for,
 )
+from test_driver_gate_gpu import SERVER_REQUEST  # a request of SECONDS once GO exists
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -48,18 +49,6 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) a
 kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 from gpreempt.client.gate import driver
 print(len(kernels), driver.state())
-"""
-
-# Opens a request of `seconds` once the file `go` exists.
-SERVER_REQUEST = """
-import pathlib, sys, time
-import gpreempt
-go, seconds = pathlib.Path(sys.argv[1]), float(sys.argv[2])
-while not go.exists():
-    time.sleep(0.005)
-with gpreempt.request():
-    time.sleep(seconds)
-time.sleep(120)
 """
 
 

@@ -1,9 +1,10 @@
 // CUPTI's one subscriber as the driver-level gate holds it (driver_cupti.h).
 //
 // Letting CUPTI go (callback_mode.h says when). A subscriber slows every graph launch of the
-// process on the host, callbacks on or off (a ResNet-50 graph's cuGraphLaunch on an H200: about
-// 180 us instead of 20), and cuptiUnsubscribe does not undo it; cuptiFinalize, which detaches
-// CUPTI from the process, does (benchmarks/driver_gate/server_gated.py). The gate's thread asks
+// process on the host, callbacks on or off (a ResNet-50 graph's cuGraphLaunch on an H200:
+// 134-190 us instead of 17-23), and cuptiUnsubscribe does not undo it; cuptiFinalize, which
+// detaches CUPTI from the process, does (benchmarks/driver_gate/server_gated.py, its results in
+// benchmarks/driver_gate/results/h200/server_gated/). The gate's thread asks
 // (the held calls' callbacks on); the next one detaches at its exit, where CUPTI wants
 // cuptiFinalize called. Where that fails, the gate never asks again. It subscribes again when
 // it must wake, and where the Python client hands CUPTI to a profiler (release_cupti).
@@ -24,6 +25,8 @@ std::mutex& cupti_mu = *new std::mutex();
 CUpti_SubscriberHandle subscriber = nullptr;
 std::atomic<uint32_t> state{kDriverNone};
 std::atomic<Mode> current{Mode::kAwake};  // subscribe() switches every callback on
+// Letting go: none under way, asked by the gate's thread, done by a callback (not yet taken up
+// by the thread), failed (its callbacks not yet off again), given up for good.
 enum class Detach { kNone, kAsked, kDone, kFailed, kGaveUp };
 std::atomic<Detach> detach{Detach::kNone};
 

@@ -2,11 +2,11 @@
 // CUDA_INJECTION64_PATH), the CUPTI callback, the thread that sleeps and wakes the gate, and
 // the functions the Python client calls through ctypes.
 //
-// CUPTI allows one callback subscriber per process. We take it at cuInit; a profiler started
-// later in the process (torch.profiler, Kineto) needs it too: the Python client releases it
-// (gpreempt_driver_release) for the profiler's lifetime and takes it back afterwards
-// (gpreempt_driver_resume). The control block's driver_gate word says which holds, and the
-// daemon backs a gate that does not hold with the driver lock.
+// CUPTI allows one callback subscriber per process (driver_cupti.cpp holds it). We take it at
+// cuInit; a profiler started later in the process (torch.profiler, Kineto) needs it too: the
+// Python client releases it (gpreempt_driver_release) for the profiler's lifetime and takes it
+// back afterwards (gpreempt_driver_resume). The control block's driver_gate word says which
+// holds, and the daemon backs a gate that does not hold with the driver lock.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <time.h>
