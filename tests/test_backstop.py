@@ -64,7 +64,9 @@ def apply(backstop: Backstop, now: float) -> None:
     Executor(host).apply_backstop(backstop.plan(now))  # type: ignore[arg-type]
 
 
-def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
+def setup(
+    driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto", priority: int = -100
+):
     daemon = SimpleNamespace(
         registry=Registry(),
         events=FakeEvents(),
@@ -78,7 +80,7 @@ def setup(driver: FakeDriver, delay_ms: float = 50.0, mechanism: str = "auto"):
             start_time=0,
             uid=os.getuid(),
             name="trainer",
-            priority=-100,
+            priority=priority,
             gpus=(0,),
             mechanism=mechanism,
         )
@@ -193,6 +195,10 @@ class _Block:
         self.driver_launches = 1000
         self.gate_word = 1  # closed outright
         self.barrier_leaks = 0
+        self.driver_asleep = False  # its callbacks on
+
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(driver_asleep=self.driver_asleep, driver_paced=False)
 
 
 def test_a_task_whose_driver_gate_holds_is_not_locked() -> None:
@@ -342,3 +348,75 @@ def test_a_task_whose_gpu_work_passed_its_barriers_is_a_leak_and_locked() -> Non
     assert task.hold_leaked and task.gate_untrusted and driver.calls == [("lock", 4242)]
     leak = next(r for r in daemon.events.records if "does not hold" in r.get("reason", ""))
     assert "stream barriers" in leak["reason"]
+
+
+class _Watched(_Block):
+    """A watched task's block as the backstop reads it: its activity, live, and its epoch."""
+
+    def __init__(self) -> None:
+        super().__init__("on")
+        self.gate_word = 0
+        self.active = True
+        self.activity_epoch = 7
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+def _held_by_a_watched_task(priority: int):
+    """A task at ``priority`` whose gate is closed only while the task it watches (another,
+    registered with a block) is active."""
+    daemon, task, backstop = setup(FakeDriver(), priority=priority)
+    block = _Block("on")
+    block.gate_word = 2
+    task.controls[1] = block
+    server = Task(
+        TaskIdentity(
+            daemon.registry.new_id(), 5151, None, 0, os.getuid(), "server", 200, (0,), "auto"
+        )
+    )
+    daemon.registry.add(server)
+    watched = _Watched()
+    server.controls[9] = watched
+    task.watching[1] = ((server.task_id, 9),)
+    return daemon, task, backstop, block, watched
+
+
+def test_a_task_at_high_held_by_a_watched_task_that_stays_active_must_stand_still() -> None:
+    """No barriers at ``high``: every launch waits on the CPU while the watched task is
+    active, so launches counted meanwhile are a leak; the watched task's epoch tells that it
+    stayed active between the two looks."""
+    _daemon, task, backstop, block, watched = _held_by_a_watched_task(100)
+    apply(backstop, 100.25)
+    assert task.hold_baseline == 1000 and task.hold_epochs == (7,)
+    block.driver_launches += 500  # its launches went on while the server stayed active
+    apply(backstop, 100.35)
+    backstop.finish()
+    assert task.hold_leaked
+
+
+def test_a_watched_task_that_dropped_between_two_looks_only_moves_the_baseline() -> None:
+    _daemon, task, backstop, block, watched = _held_by_a_watched_task(100)
+    block.driver_asleep = True  # its gate wakes (subscribes again) before its launches wait
+    apply(backstop, 100.25)
+    assert task.hold_epochs is None
+    block.driver_asleep = False
+    apply(backstop, 100.3)
+    watched.activity_epoch += 1  # it dropped (the gate went on) and rose again
+    block.driver_launches += 500
+    apply(backstop, 100.35)
+    assert not task.hold_leaked and task.hold_baseline == 1500 and task.hold_epochs == (8,)
+    watched.active = False  # it dropped: the gate goes on by itself
+    block.driver_launches += 500
+    apply(backstop, 100.45)
+    assert not task.hold_leaked and task.hold_baseline == 2000 and task.hold_epochs is None
+
+
+def test_a_trainer_whose_driver_gate_may_put_barriers_is_not_held_by_watch() -> None:
+    """Below ``high`` its driver-level gate may hold its queue on the GPU behind barriers,
+    the CPU queueing on: its launches prove nothing."""
+    _daemon, task, backstop, block, _watched = _held_by_a_watched_task(-100)
+    apply(backstop, 100.25)
+    block.driver_launches += 500
+    apply(backstop, 100.35)
+    assert not task.hold_leaked and task.hold_epochs is None

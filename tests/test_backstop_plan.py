@@ -101,6 +101,28 @@ def test_a_gate_closed_only_for_watched_tasks_moves_its_baseline() -> None:
     assert result.baselines == (HoldBaseline(1, 1500),) and result.leaks == ()
 
 
+def test_a_gate_held_on_the_cpu_by_a_watched_task_that_stays_active_must_stand_still() -> None:
+    """No barriers (a task at ``high``): while a task it watches stays active, every launch
+    waits on the CPU. A baseline taken while so, and the epochs of the watched blocks
+    unchanged since, its launches are checked; a watched task that dropped and rose again in
+    between (its epoch moved), or a baseline taken while not so, only moves the baseline."""
+    watched = {"counts_launches": True, "must_stand_still": False, "watch_held": True}
+    first = facts(**watched, launches=1000, watch_epochs=(7,))
+    settled = plan_backstop([first], 100.25, delay_s=10.0, lock=True)
+    assert settled.baselines == (HoldBaseline(1, 1000, (7,)),)
+    went_on = dataclasses.replace(first, hold_baseline=1000, baseline_epochs=(7,), launches=1500)
+    (leak,) = plan_backstop([went_on], 100.35, delay_s=10.0, lock=True).leaks
+    assert leak.moved == 500
+    rose_again = dataclasses.replace(went_on, watch_epochs=(8,))
+    result = plan_backstop([rose_again], 100.35, delay_s=10.0, lock=True)
+    assert result.leaks == () and result.baselines == (HoldBaseline(1, 1500, (8,)),)
+    dropped = dataclasses.replace(went_on, watch_held=False)
+    result = plan_backstop([dropped], 100.35, delay_s=10.0, lock=True)
+    assert result.leaks == () and result.baselines == (HoldBaseline(1, 1500, None),)
+    not_held_then = dataclasses.replace(went_on, baseline_epochs=None)
+    assert plan_backstop([not_held_then], 100.35, delay_s=10.0, lock=True).leaks == ()
+
+
 def test_checks_come_back_every_period_once_counted() -> None:
     counted = facts(backed_up=False, counts_launches=True)
     assert next_due([counted], 100.0, delay_s=0.05, lock=True) == pytest.approx(100.2)

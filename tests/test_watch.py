@@ -125,6 +125,8 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]
         assert sent[4] == [({"push": "watch", "tasks": [2], "pids": [102], "version": 1}, 1)]
         assert daemon.handlers.watched_by_task()[3] == [1]
+        # the task keeps what each of its connections watches: the backstop reads it
+        assert daemon.registry.tasks[3].watching == {3: ((1, 1),)}
         daemon.reconciler.update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf

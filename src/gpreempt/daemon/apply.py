@@ -129,6 +129,7 @@ class Executor:
         tasks = self.host.registry.tasks
         for baseline in plan.baselines:
             tasks[baseline.task_id].hold_baseline = baseline.launches
+            tasks[baseline.task_id].hold_epochs = baseline.epochs
         for leak in plan.leaks:
             task = tasks[leak.task_id]
             task.hold_leaked = True

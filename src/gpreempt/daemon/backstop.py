@@ -24,14 +24,17 @@ place, for fewer tasks: those below another user's task (whose gate words nobody
 believe) once held ``delay_ms``, and those whose gate was found not to hold. A lock that fails
 falls back to them.
 
-A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`, while
-its gate word is closed outright (a hold by hand, or a watch list the gate does not have yet) the
-launches its driver-level gates saw must stand still (each held thread counts the one launch it
-holds); and while every word of it is closed outright, its processes must not keep running on
-the CPU, by the kernel's count (hold_meter.py). If either goes on, the task's work escaped its
-gate: that is an ``error`` event, a count in its status (``hold_leaks``), the lock or signals at
-once, and its gate's words no longer count (``gate_untrusted``: it is backed up at once at every
-later suspension, mechanism ``gate`` included, and takes no turns among peers).
+A suspension is checked, not assumed: once a task's gate has held it for :data:`SETTLE_MS`,
+while its gate word is closed outright (a hold by hand, or a watch list the gate does not have
+yet) the launches its driver-level gates saw must stand still (each held thread counts the one
+launch it holds), as must those of a task without barriers held only while a task it watches is
+active, between two looks that find that task active and its activity epoch unchanged
+(:func:`held_by_watch`); and while every word of it is closed outright, its processes must not
+keep running on the CPU, by the kernel's count (hold_meter.py). If either goes on, the task's
+work escaped its gate: that is an ``error`` event, a count in its status (``hold_leaks``), the
+lock or signals at once, and its gate's words no longer count (``gate_untrusted``: it is backed
+up at once at every later suspension, mechanism ``gate`` included, and takes no turns among
+peers).
 
 These rules are pure functions over frozen facts (backstop_plan.py); the executor (apply.py)
 carries out what they return, with the lock calls of this module's :class:`Backstop`.
@@ -43,10 +46,13 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 
+from ..control_block import ControlBlock
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import NOT_SUPPORTED, CheckpointDriver, CudaDriverError, ProcessState
+from ..priority import NAMED
 from . import backstop_plan
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
@@ -150,6 +156,8 @@ class Backstop:
     def _facts(self, task: Task, window: CpuWindow | None, to_unix: float) -> HoldFacts:
         """``task`` as the rules read it, with what this backstop tried on it."""
         gate_holds = task.suspended and kind(task.suspended_with).in_process
+        launches = task.driver_launches  # read before the watched words: held_by_watch
+        watch_held, watch_epochs = held_by_watch(task, self.registry.tasks)
         return HoldFacts(
             task_id=task.task_id,
             uid=task.uid,
@@ -163,7 +171,7 @@ class Backstop:
             or task.task_id in self._locking
             or task.task_id in self._failed,
             counts_launches=task.driver_gate == "on",
-            launches=task.driver_launches,
+            launches=launches,
             channels=len(task.controls),
             must_stand_still=self._must_stand_still(task),
             hold_baseline=task.hold_baseline,
@@ -177,6 +185,9 @@ class Backstop:
             cpu_window=window,
             gpu_busy=self._gpu_busy(task, to_unix),
             barrier_leaked=any(c.barrier_leaks for c in task.controls.values()),
+            watch_held=watch_held,
+            watch_epochs=watch_epochs,
+            baseline_epochs=task.hold_epochs,
         )
 
     def _gpu_busy(self, task: Task, to_unix: float) -> bool:
@@ -231,10 +242,11 @@ class Backstop:
 
     @staticmethod
     def _must_stand_still(task: Task) -> bool:
-        """Whether its gate stops every launch on the CPU now: the word of one of its gates is
-        closed outright (odd). A gate closed only while watched tasks are active (2V) goes on
-        by itself once none is, and while one is, its barriers hold the work on the GPU and
-        the CPU may queue on behind them (docs/gate.md): its launches then prove nothing."""
+        """Whether its gate stops every launch on the CPU now: the word of one of its gates
+        is closed outright (odd). A gate closed only while watched tasks are active (2V)
+        goes on by itself once none is, and while one is, its barriers hold the work on the
+        GPU and the CPU may queue on behind them (docs/gate.md): its launches then prove
+        nothing, but for a gate without barriers (:func:`held_by_watch`)."""
         return any(c.gate_word % 2 == 1 for c in task.controls.values())
 
     def why(self, task: Task) -> str:
@@ -329,6 +341,7 @@ class Backstop:
         have it lifted once it is taken (its signals are the executor's to undo)."""
         self.meter.close(task, time.monotonic() if now is None else now)
         task.hold_baseline = None
+        task.hold_epochs = None
         task.hold_leaked = False
         self._failed.discard(task.task_id)
         self._lock_failed.discard(task.task_id)
@@ -350,3 +363,37 @@ class Backstop:
                     mechanism=MechanismName.LOCK,
                     reason=f"backstop unlock failed: {exc}",
                 )
+
+
+def held_by_watch(task: Task, tasks: Mapping[int, Task]) -> tuple[bool, tuple[int, ...]]:
+    """Whether every gate of ``task`` holds each launch on the CPU now only because a task
+    it watches is active (its word closed while watched, 2V; a watched block active by its
+    own words, read now), and the activity epochs of the blocks they watch.
+
+    Such a gate goes on by itself once none is active, so its launches alone prove
+    nothing; but between two looks that both find it so with the epochs unchanged, a
+    watched task stayed active throughout (each rise bumps its epoch) and every launch had
+    to wait. Only where no barrier lets the CPU queue on behind: no operator gate's
+    barriers, and no driver-level gate that may put them (one below ``high``); and only once
+    its driver-level gates are awake (a gate asleep or detached wakes first, and its
+    launches until then are its reaction time, not a leak)."""
+    epochs: list[int] = []
+    unbarred = not task.barriers_on and (task.priority >= NAMED["high"] or task.driver_gate != "on")
+    held = unbarred and bool(task.controls)
+    for conn, control in task.controls.items():
+        watched = [
+            tasks[t].controls[c]
+            for t, c in task.watching.get(conn, ())
+            if t in tasks and c in tasks[t].controls
+        ]
+        epochs += [block.activity_epoch for block in watched]
+        word = control.gate_word
+        held = held and word != 0 and word % 2 == 0 and any(b.is_active() for b in watched)
+        held = held and _awake(control)
+    return held, tuple(epochs)
+
+
+def _awake(control: ControlBlock) -> bool:
+    """Whether its driver-level gate's callbacks are on: they see (and hold) its launches."""
+    stats = control.stats()
+    return not (stats.driver_asleep or stats.driver_paced)

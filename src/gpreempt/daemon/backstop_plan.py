@@ -113,15 +113,23 @@ class HoldFacts:
     #: Its driver-level gates saw its GPU work pass a stream barrier while a task they watch
     #: stayed active (driver_verify.cpp): its barriers do not hold.
     barrier_leaked: bool = False
+    #: Every gate of it holds each launch on the CPU only while a task it watches is active,
+    #: and one is now (backstop.py, ``held_by_watch``); the activity epochs of the blocks it
+    #: watches, now and when its launches' baseline was taken so (None: not so). Both alike,
+    #: a watched task stayed active in between: its launches must stand still.
+    watch_held: bool = False
+    watch_epochs: tuple[int, ...] = ()
+    baseline_epochs: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
 class HoldBaseline:
     """Count ``task_id``'s launches from ``launches`` on (its hold is checked from the next
-    look)."""
+    look); ``epochs``: its watched blocks' activity epochs then, where they held it."""
 
     task_id: int
     launches: int
+    epochs: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,8 +186,12 @@ def plan_backstop(
         since = task.gate_held_since
         if not _checked(task) or since is None or now < since + SETTLE_MS / 1e3:
             continue
-        if task.hold_baseline is None or not task.must_stand_still:
-            baselines.append(HoldBaseline(task.task_id, task.launches))
+        held = task.must_stand_still or (
+            task.watch_held and task.watch_epochs == task.baseline_epochs
+        )
+        if task.hold_baseline is None or not held:
+            epochs = task.watch_epochs if task.watch_held else None
+            baselines.append(HoldBaseline(task.task_id, task.launches, epochs))
             continue
         moved = task.launches - task.hold_baseline
         if moved > LEAK_SLACK * max(1, task.channels):
