@@ -129,6 +129,13 @@ def run_counter(runtime_dir: Path, script: Path, progress: Path, *options: str) 
     return spawn(runtime_dir, "run", *options, "--", "python3", str(script), str(progress))
 
 
+#: The marks of a GPU test that needs an NVIDIA GPU (``pytestmark = NVIDIA_GPU``).
+NVIDIA_GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
+]
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -366,7 +366,7 @@ class _Watched(_Block):
 def _held_by_a_watched_task(priority: int):
     """A task at ``priority`` whose gate is closed only while the task it watches (another,
     registered with a block) is active."""
-    daemon, task, backstop = setup(FakeDriver(), priority=priority)
+    daemon, task, _ = setup(FakeDriver(), priority=priority)
     block = _Block("on")
     block.gate_word = 2
     task.controls[1] = block
@@ -378,7 +378,14 @@ def _held_by_a_watched_task(priority: int):
     daemon.registry.add(server)
     watched = _Watched()
     server.controls[9] = watched
-    task.watching[1] = ((server.task_id, 9),)
+    lists = {1: ((server.task_id, 9),)}  # the watch list of the trainer's connection, 1
+    backstop = Backstop(
+        daemon.registry,
+        daemon.events,
+        50.0,
+        driver=FakeDriver(),
+        watching=lambda conn: lists.get(conn, ()),
+    )
     return daemon, task, backstop, block, watched
 
 

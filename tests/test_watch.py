@@ -14,7 +14,7 @@ from conftest import TORCH_COUNTER, Counter, Daemon, spawn, status, stop_all, wa
 
 from gpreempt.control import CLOSED, closed_while_watched, released_by_watch
 from gpreempt.control_block import ControlBlock
-from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer
+from gpreempt.daemon.server import MAX_WATCH_VERSION, Peer, watched_blocks
 from gpreempt.daemon.server import Daemon as DaemonServer
 from gpreempt.daemon.task import Task
 from gpreempt.daemon.task_identity import TaskIdentity
@@ -125,8 +125,10 @@ def test_the_daemon_shows_a_task_only_its_own_users_more_important_tasks(tmp_pat
         assert sent[3] == [({"push": "watch", "tasks": [1], "pids": [101], "version": 1}, 1)]
         assert sent[4] == [({"push": "watch", "tasks": [2], "pids": [102], "version": 1}, 1)]
         assert daemon.handlers.watched_by_task()[3] == [1]
-        # the task keeps what each of its connections watches: the backstop reads it
-        assert daemon.registry.tasks[3].watching == {3: ((1, 1),)}
+        # what the backstop reads of it: the blocks (task, connection) a connection watches
+        assert (
+            watched_blocks(daemon.peers, 3) == ((1, 1),) and watched_blocks(daemon.peers, 9) == ()
+        )
         daemon.reconciler.update_watches()  # nothing changed: nothing sent
         assert len(sent[3]) == 1
         daemon.registry.tasks[1].held = True  # a held task preempts no one under hpf

@@ -33,7 +33,6 @@ Each process also times the host's part of each CUDA call of a request after 1 m
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -45,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpreempt.bench.device import chosen_modes, missing_cuda
+from gpreempt.bench.device import rounds_parser, usable_modes
 
 MODES = (
     "plain",
@@ -243,18 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     if args_[:1] == ["--child"]:
         _child(int(args_[1]), "--mark" in args_)
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument(
-        "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
-    )
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(args_)
-    modes, wrong = chosen_modes(args.modes, MODES)
-    problem = wrong or missing_cuda()
-    if problem:
-        print(f"server_gated: {problem}", file=sys.stderr)
+    args = rounds_parser(__doc__.split("\n\n")[0], MODES, rounds=3).parse_args(args_)
+    modes = usable_modes("server_gated", args.modes, MODES)
+    if modes is None:
         return 2
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="gps-") as tmp:

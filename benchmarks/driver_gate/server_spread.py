@@ -19,16 +19,14 @@ on the GPU; the median GPU span of each process is one sample. Modes:
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from gpreempt.bench.device import chosen_modes, missing_cuda
+from gpreempt.bench.device import rounds_parser, usable_modes
 
 MODES = ("benchmark", "heuristics", "benchmark-busy", "heuristics-ballast")
 
@@ -103,19 +101,11 @@ def summarise(rows: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument(
-        "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
-    )
+    parser = rounds_parser(__doc__.split("\n\n")[0], MODES, rounds=6)
     parser.add_argument("--ballast-gib", type=float, default=16.0, help="heuristics-ballast's hold")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    modes, wrong = chosen_modes(args.modes, MODES)
-    problem = wrong or missing_cuda()
-    if problem:
-        print(f"server_spread: {problem}", file=sys.stderr)
+    modes = usable_modes("server_spread", args.modes, MODES)
+    if modes is None:
         return 2
     ctx = mp.get_context("spawn")
     rows: dict[str, list[float]] = {m: [] for m in modes}

@@ -8,13 +8,13 @@ task that starts later still holds it, the gate having subscribed again.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import (
+    NVIDIA_GPU,
     progress_count,
     spawn,
     stands_still_through_a_request,
@@ -22,18 +22,16 @@ from conftest import (
     task_named,
     wait_for,
 )
-from test_driver_gate_gpu import SERVER_REQUEST  # a request of SECONDS once GO exists
+from test_driver_gate_gpu import PROFILED, SERVER_REQUEST
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
-]
+pytestmark = NVIDIA_GPU
 
 # A PyTorch program that launches now and then for three seconds (its gate detaches CUPTI
-# meanwhile), then records a profile with torch.profiler; prints its kernels and the gate's state.
-PROFILED_LATER = r"""
+# meanwhile), then records a profile as PROFILED does: it prints its kernels and the gate's state.
+PROFILED_LATER = (
+    r"""
 import time
 import torch
 x = torch.randn(512, 512, device="cuda")
@@ -42,14 +40,9 @@ while time.monotonic() < end:
     x = torch.tanh(x @ x)
     torch.cuda.synchronize()
     time.sleep(0.02)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(20):
-        x = torch.tanh(x @ x)
-    torch.cuda.synchronize()
-kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-from gpreempt.client.gate import driver
-print(len(kernels), driver.state())
 """
+    + PROFILED
+)
 
 
 def test_a_task_nothing_preempts_lets_cupti_go_and_its_profiler_still_gets_a_profile(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    NVIDIA_GPU,
     Daemon,
     gpreempt,
     progress_count,
@@ -29,10 +30,7 @@ from conftest import (
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
-]
+pytestmark = NVIDIA_GPU
 
 
 def _stands_still(path: Path, seconds: float = 0.2) -> bool:

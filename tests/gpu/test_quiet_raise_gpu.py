@@ -13,13 +13,13 @@ must stand still for the whole of a request all the same, with no leak.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import (
+    NVIDIA_GPU,
     progress_count,
     spawn,
     stands_still_through_a_request,
@@ -30,10 +30,7 @@ from conftest import (
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
-]
+pytestmark = NVIDIA_GPU
 
 # A server that opens a short request every 0.1 s (its first hint rings at once; its counter's
 # helper keeps polling between them) until told, then one of `seconds`, and writes its request

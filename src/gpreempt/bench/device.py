@@ -3,11 +3,13 @@ the checks the GPU scripts under ``benchmarks/`` make before they start."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: What a bench's results.json says of the GPU it ran on (of :func:`describe`'s fields).
@@ -75,6 +77,30 @@ def describe(python: str = sys.executable) -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired, IndexError):
             pass
     return info
+
+
+def rounds_parser(description: str, modes: Sequence[str], rounds: int) -> argparse.ArgumentParser:
+    """The options of a GPU script that starts a server process per mode and round:
+    ``--rounds``, ``--requests``, ``--modes`` (comma-separated, of ``modes``), ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument(
+        "--modes", default=",".join(modes), help="comma-separated, of " + ", ".join(modes)
+    )
+    parser.add_argument("--out", type=Path)
+    return parser
+
+
+def usable_modes(script: str, given: str, known: Sequence[str]) -> list[str] | None:
+    """The modes ``given`` names, or None after one line on stderr (``script: why``) where they
+    are wrong or this machine cannot run them (:func:`chosen_modes`, :func:`missing_cuda`)."""
+    modes, wrong = chosen_modes(given, known)
+    problem = wrong or missing_cuda()
+    if problem:
+        print(f"{script}: {problem}", file=sys.stderr)
+        return None
+    return modes
 
 
 def chosen_modes(given: str, known: Sequence[str]) -> tuple[list[str], str | None]:

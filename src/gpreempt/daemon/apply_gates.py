@@ -83,9 +83,6 @@ class GateExecutor:
             blocks = [(t, c, tasks[t].controls[c]) for t, c in watch.blocks]
             self._send_watch(peer, blocks)
             peer.watching = watch.blocks
-            owner = tasks.get(peer.channel_task) if peer.channel_task is not None else None
-            if owner is not None:
-                owner.watching[watch.conn_id] = watch.blocks
 
     def _send_watch(self, peer: Peer, blocks: list[tuple[int, int, ControlBlock]]) -> None:
         """Push ``peer`` its watch list with read-only descriptors of the blocks, through its

@@ -29,7 +29,7 @@ while its gate word is closed outright (a hold by hand, or a watch list the gate
 yet) the launches its driver-level gates saw must stand still (each held thread counts the one
 launch it holds), as must those of a task without barriers held only while a task it watches is
 active, between two looks that find that task active and its activity epoch unchanged
-(:func:`held_by_watch`); and while every word of it is closed outright, its processes must not
+(watch_hold.py); and while every word of it is closed outright, its processes must not
 keep running on the CPU, by the kernel's count (hold_meter.py). If either goes on, the task's
 work escaped its gate: that is an ``error`` event, a count in its status (``hold_leaks``), the
 lock or signals at once, and its gate's words no longer count (``gate_untrusted``: it is backed
@@ -46,13 +46,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
 
-from ..control_block import ControlBlock
 from ..errors import GpreemptError
 from ..mechanisms import MechanismName, kind
 from ..mechanisms.cuda_driver import NOT_SUPPORTED, CheckpointDriver, CudaDriverError, ProcessState
-from ..priority import NAMED
 from . import backstop_plan
 from .backstop_plan import BackstopPlan, CpuWindow, HoldFacts
 from .event_log import EventLog
@@ -60,6 +57,7 @@ from .gpu_busy import PERIOD_S, GpuBusy
 from .hold_meter import HoldMeter
 from .registry import Registry
 from .task import Task
+from .watch_hold import Watching, held_by_watch
 
 #: How long a task stays held by its gate before the lock backs it up, by default.
 DEFAULT_DELAY_MS = 50.0
@@ -96,6 +94,7 @@ class Backstop:
         signals: bool = False,
         meter: HoldMeter | None = None,
         gpu_busy: GpuBusy | None = None,
+        watching: Watching | None = None,
     ) -> None:
         self.registry = registry
         self.events = events
@@ -107,6 +106,8 @@ class Backstop:
         self.meter = meter or HoldMeter()
         #: NVML's samples of the GPUs of tasks held outright (None: not read).
         self.gpu_busy = gpu_busy
+        #: The blocks (task id, connection) a connection's gate watches (its peer's list).
+        self.watching: Watching = watching or (lambda conn: ())
         #: The daemon time of the last :meth:`plan`: a task's GPUs whose watch was due after
         #: it are watched at the next.
         self._planned_at = float("-inf")
@@ -157,7 +158,7 @@ class Backstop:
         """``task`` as the rules read it, with what this backstop tried on it."""
         gate_holds = task.suspended and kind(task.suspended_with).in_process
         launches = task.driver_launches  # read before the watched words: held_by_watch
-        watch_held, watch_epochs = held_by_watch(task, self.registry.tasks)
+        watch_held, watch_epochs = held_by_watch(task, self.registry.tasks, self.watching)
         return HoldFacts(
             task_id=task.task_id,
             uid=task.uid,
@@ -363,37 +364,3 @@ class Backstop:
                     mechanism=MechanismName.LOCK,
                     reason=f"backstop unlock failed: {exc}",
                 )
-
-
-def held_by_watch(task: Task, tasks: Mapping[int, Task]) -> tuple[bool, tuple[int, ...]]:
-    """Whether every gate of ``task`` holds each launch on the CPU now only because a task
-    it watches is active (its word closed while watched, 2V; a watched block active by its
-    own words, read now), and the activity epochs of the blocks they watch.
-
-    Such a gate goes on by itself once none is active, so its launches alone prove
-    nothing; but between two looks that both find it so with the epochs unchanged, a
-    watched task stayed active throughout (each rise bumps its epoch) and every launch had
-    to wait. Only where no barrier lets the CPU queue on behind: no operator gate's
-    barriers, and no driver-level gate that may put them (one below ``high``); and only once
-    its driver-level gates are awake (a gate asleep or detached wakes first, and its
-    launches until then are its reaction time, not a leak)."""
-    epochs: list[int] = []
-    unbarred = not task.barriers_on and (task.priority >= NAMED["high"] or task.driver_gate != "on")
-    held = unbarred and bool(task.controls)
-    for conn, control in task.controls.items():
-        watched = [
-            tasks[t].controls[c]
-            for t, c in task.watching.get(conn, ())
-            if t in tasks and c in tasks[t].controls
-        ]
-        epochs += [block.activity_epoch for block in watched]
-        word = control.gate_word
-        held = held and word != 0 and word % 2 == 0 and any(b.is_active() for b in watched)
-        held = held and _awake(control)
-    return held, tuple(epochs)
-
-
-def _awake(control: ControlBlock) -> bool:
-    """Whether its driver-level gate's callbacks are on: they see (and hold) its launches."""
-    stats = control.stats()
-    return not (stats.driver_asleep or stats.driver_paced)

@@ -114,7 +114,7 @@ class HoldFacts:
     #: stayed active (driver_verify.cpp): its barriers do not hold.
     barrier_leaked: bool = False
     #: Every gate of it holds each launch on the CPU only while a task it watches is active,
-    #: and one is now (backstop.py, ``held_by_watch``); the activity epochs of the blocks it
+    #: and one is now (watch_hold.py, ``held_by_watch``); the activity epochs of the blocks it
     #: watches, now and when its launches' baseline was taken so (None: not so). Both alike,
     #: a watched task stayed active in between: its launches must stand still.
     watch_held: bool = False

@@ -372,9 +372,16 @@ def backstop_for(daemon: Daemon) -> Backstop:
         signals=True,
         meter=HoldMeter(partial(channel_pids, daemon.peers)),
         gpu_busy=GpuBusy() if daemon.mechanisms.lock_unavailable is None else None,
+        watching=partial(watched_blocks, daemon.peers),
     )
 
 
 def channel_pids(peers: dict[int, Peer], task: Task) -> list[int]:
     """The processes that hold ``task``'s gates: those of its channels."""
     return [peer.pid for conn in task.controls if (peer := peers.get(conn)) is not None]
+
+
+def watched_blocks(peers: dict[int, Peer], conn: int) -> tuple[tuple[int, int], ...]:
+    """The blocks (task id, connection) the gate of connection ``conn`` watches."""
+    peer = peers.get(conn)
+    return peer.watching if peer is not None else ()

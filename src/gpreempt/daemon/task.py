@@ -73,8 +73,6 @@ class Task:
     hold_baseline: int | None = None
     #: The activity epochs of the blocks its gates watched then, where they held it (None).
     hold_epochs: tuple[int, ...] | None = None
-    #: The blocks (task id, connection) each of its connections' gates watches (apply_gates).
-    watching: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     #: Its GPU work went on while its gate was closed, this suspension (backstop.py).
     hold_leaked: bool = False
     #: A hold of it was found to leak: its gate's words no longer count (no turns, no sparing
