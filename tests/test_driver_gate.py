@@ -100,6 +100,7 @@ def test_the_library_exports_what_the_driver_and_the_client_call() -> None:
         "gpreempt_driver_release",
         "gpreempt_driver_resume",
         "gpreempt_driver_state",
+        "gpreempt_driver_take_activity",
     ):
         assert hasattr(lib, name), name
 
@@ -255,6 +256,33 @@ def test_a_python_process_hands_its_block_to_the_gate() -> None:
     taken, again, refused, state, after = json.loads(reply.stdout)
     assert (taken, again, refused) == (True, True, False)
     assert state == "failed" and after == "failed"  # no libcuda on this machine
+
+
+TAKE = """
+import json
+from gpreempt.control_block import ControlBlock
+from gpreempt.client.gate import driver
+server = driver.DriverConfig(bound=False, auto_activity=True)
+block = ControlBlock.create()
+before = driver.take_activity()  # no block yet
+driver.adopt(block.memfd, block.doorbell, server, torch_gate=True)
+block.set_auto_active(True)  # as the operator gate left it when it handed it over
+taken = driver.take_activity()
+print(json.dumps([before, taken, block.stats().auto_active]))
+"""
+
+
+def test_the_gate_takes_activity_over_only_with_a_block_that_tells_it() -> None:
+    path = str(_library())
+    env = {**os.environ, "CUDA_INJECTION64_PATH": path, "GPREEMPT_DRIVER_GATE": path}
+    env.pop("GPREEMPT_TASK_ID", None)
+    for auto_activity in (True, False):  # a task that tells no activity takes none
+        script = TAKE.replace("auto_activity=True", f"auto_activity={auto_activity}")
+        reply = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert reply.returncode == 0, reply.stderr
+        assert json.loads(reply.stdout) == [False, auto_activity, True]  # the word left as it was
 
 
 def test_a_cache_another_user_could_write_is_refused(tmp_path, monkeypatch) -> None:

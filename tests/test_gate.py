@@ -259,6 +259,26 @@ def test_auto_activity_publishes_transitions(control, impl):
     assert not control.stats().auto_active
 
 
+def test_a_gate_that_handed_its_activity_over_leaves_the_word_alone(control, impl):
+    """The driver-level gate publishes the activity of a process that runs another framework
+    beside PyTorch (agent.hand_activity_over): the operator gate neither raises nor drops it."""
+    gate = _install(control, impl, bound=False, auto_activity=True, idle_grace_ms=20.0)
+    torch.ones(4) * 2
+    assert control.stats().auto_active  # its own rise, handed over as it stands
+    assert gate.hand_activity(True)
+    time.sleep(0.2)  # ten graces: its own idle check drops nothing it no longer publishes
+    assert control.stats().auto_active
+    control.set_auto_active(False)  # as the driver-level gate drops it
+    torch.ones(4) * 2
+    assert not control.stats().auto_active and control.activity_epoch == 1
+    assert gate.hand_activity(False)  # its own again: idle, its last work long done
+    assert not control.stats().auto_active
+    torch.ones(4) * 2
+    assert control.stats().auto_active
+    gate.uninstall()
+    assert not gate.hand_activity(True)  # nothing to hand once uninstalled
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_is_not_gated(control, impl):
     _install(control, impl)

@@ -123,6 +123,7 @@ EXPORTS = (
     "rocprofiler_configure", "gpreempt_driver_adopt", "gpreempt_driver_set_watch",
     "gpreempt_driver_state", "gpreempt_driver_release", "gpreempt_driver_resume",
     "gpreempt_driver_watch_version", "gpreempt_driver_initialized",
+    "gpreempt_driver_take_activity",
 )  # fmt: skip
 
 

@@ -367,6 +367,12 @@ time.sleep(120)
 )
 
 
+# The same server in a process that imports PyTorch first (for its tokenizer, say): its
+# operator gate sees none of CuPy's work, so the driver-level gate tells its activity
+# (agent.hand_activity_over).
+SERVER_LAUNCHES_BESIDE_TORCH = "import torch\ntorch.zeros(1, device='cuda')\n" + SERVER_LAUNCHES
+
+
 def _stands_still_while_a_server_is_active(
     runtime_dir: Path,
     tmp_path: Path,
@@ -401,20 +407,27 @@ def _stands_still_while_a_server_is_active(
         stop_all(trainer, server)
 
 
-@pytest.mark.parametrize("server_marks", ["request", "launches"])
+SERVERS = {
+    "request": SERVER_REQUEST,
+    "launches": SERVER_LAUNCHES,
+    "launches-beside-torch": SERVER_LAUNCHES_BESIDE_TORCH,
+}
+
+
+@pytest.mark.parametrize("server_marks", list(SERVERS))
 @pytest.mark.parametrize("framework", ["cupy", "jax"])
 def test_work_beside_torch_stands_still_while_a_server_is_active(
     daemon, runtime_dir, tmp_path, framework, server_marks
 ):
     """No hold by hand: a more important task opens a request (or, marking none, launches
-    work for two seconds), and the trainer's stream barriers must hold its GPU work until it
-    ends. Its driver-level gate checks on the GPU that they do (barrier_leaks: work that
-    passed a barrier whose task stayed active)."""
+    work for two seconds, with PyTorch in its process or not), and the trainer's stream
+    barriers must hold its GPU work until it ends. Its driver-level gate checks on the GPU
+    that they do (barrier_leaks: work that passed a barrier whose task stayed active)."""
     pytest.importorskip("torch")
     pytest.importorskip(framework)
-    if server_marks == "launches":
+    if server_marks != "request":
         pytest.importorskip("cupy")
-    program = SERVER_REQUEST if server_marks == "request" else SERVER_LAUNCHES
+    program = SERVERS[server_marks]
     progress = str(tmp_path / "progress")
     command = [sys.executable, str(PROGRAMS / "mixed_worker.py"), progress, framework, "90"]
     _stands_still_while_a_server_is_active(runtime_dir, tmp_path, command, server_program=program)

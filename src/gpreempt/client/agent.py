@@ -4,7 +4,8 @@ Once PyTorch or CuPy is imported it opens the session and hands its control bloc
 driver-level gate that ``gpreempt run`` loads for CUDA (:mod:`.gate.driver`), which holds
 every launch of the process; with PyTorch it also installs the operator gate, so the daemon
 can stop this process's launches (gate mechanism) and learn when it uses the GPU (automatic
-activity). Without the driver-level gate, a process that imports CuPy and not PyTorch gets
+activity; where another framework runs beside PyTorch, JAX or CuPy say, the driver-level gate
+tells that). Without the driver-level gate, a process that imports CuPy and not PyTorch gets
 stream barriers instead (:mod:`.stream_barriers`), if it may be preempted. A server
 framework's import (uvicorn, hypercorn, Starlette, FastAPI, grpcio) arms its request marker
 (:mod:`.markers`), which marks each request of a task that preempts others as
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from .gate import GateConfig
 
 ENV_GATE_BOUND = "GPREEMPT_GATE_BOUND"
+
+#: Frameworks whose GPU launches PyTorch's operator gate never sees. Beside PyTorch, in a task
+#: that tells others when it is active, the driver-level gate tells it (hand_activity_over).
+OTHER_FRAMEWORKS = ("cupy", "jax", "tensorflow", "tensorrt", "pycuda")
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -118,7 +123,29 @@ def install_gate_for(current: session.Session) -> Any:
         return None
     gate = install_gate(current.control, config)
     current.use_gate(gate)
+    if any(name in sys.modules for name in OTHER_FRAMEWORKS):
+        hand_activity_over(current)
     return gate
+
+
+def hand_activity_over(current: session.Session) -> bool:
+    """Have the driver-level gate tell the task's activity instead of PyTorch's operator gate,
+    in a task that tells others when it is active (nothing preempts it) and runs another
+    framework beside PyTorch (:data:`OTHER_FRAMEWORKS`): the operator gate sees only PyTorch's
+    operators, so that framework's work (a JAX or CuPy request) would never raise the task's
+    activity. The driver-level gate sees every launch, at the price of keeping CUPTI's
+    subscriber (gate.md). True if it took activity over."""
+    gate = current.gate
+    if gate is None or not current.driver_gate or gate.config.bound:
+        return False
+    from .gate import driver
+
+    if not gate.config.auto_activity or driver.state() != "on" or not gate.hand_activity(True):
+        return False
+    if driver.take_activity():
+        return True
+    gate.hand_activity(False)  # the operator gate's own activity again: better than none
+    return False
 
 
 def _arm(install: Callable[[session.Session], Any], failure: str) -> None:
@@ -160,9 +187,17 @@ def start_barriers_for(current: session.Session) -> Any:
 
 
 def on_cupy_imported(cupy: ModuleType) -> None:
-    if "torch" in sys.modules:
-        return  # the driver-level gate, adopted with PyTorch's, holds CuPy's launches too
+    if "torch" in sys.modules:  # the driver-level gate, adopted with PyTorch's, holds them
+        on_other_framework_imported(cupy)
+        return
     _arm(start_barriers_for, "stream barriers not started")
+
+
+def on_other_framework_imported(module: ModuleType) -> None:
+    """A framework whose launches PyTorch's operator gate never sees: where PyTorch runs too,
+    the driver-level gate tells the task's activity (:func:`hand_activity_over`)."""
+    if "torch" in sys.modules:
+        _arm(hand_activity_over, "activity not handed to the driver-level gate")
 
 
 def on_server_imported(module: ModuleType) -> None:
@@ -178,6 +213,7 @@ def on_server_imported(module: ModuleType) -> None:
 ON_IMPORT = {
     "torch": on_torch_imported,
     "cupy": on_cupy_imported,
+    **{name: on_other_framework_imported for name in OTHER_FRAMEWORKS if name != "cupy"},
     **dict.fromkeys(markers.SERVER_HOOKS, on_server_imported),
 }
 

@@ -169,6 +169,15 @@ def set_watch(addresses: Sequence[int], version: int) -> None:
     lib.gpreempt_driver_set_watch(array, len(addresses), version)
 
 
+def take_activity() -> bool:
+    """Have the driver-level gate publish the process's activity from its launches, which
+    PyTorch's operator gate handed over; False where there is no gate, it holds no block, or
+    the task detects no activity."""
+    lib = library()
+    take = getattr(lib, "gpreempt_driver_take_activity", None)
+    return take is not None and bool(take())
+
+
 def state() -> str:
     """``on``, ``released`` (a profiler holds CUPTI), ``unavailable``, ``failed`` or ``none``."""
     lib = library()

@@ -89,6 +89,7 @@ class PythonGate:
         self._captures = 0
         self._lock = threading.RLock()
         self._active = False
+        self._handed = False  # the driver-level gate publishes auto_active (hand_activity)
         self._activations = 0
         self._streams: list[Any] = []
         self._wake = threading.Event()
@@ -239,11 +240,18 @@ class PythonGate:
 
     # -- activity ------------------------------------------------------------------------
     def _publish(self) -> None:
-        self._control.set_auto_active(self._active)
+        if not self._handed:
+            self._control.set_auto_active(self._active)
+
+    def hand_activity(self, handed: bool) -> bool:
+        with self._lock:
+            self._handed = handed
+            self._publish()  # its own activity again where it is not handed
+        return True
 
     def _mark_active(self) -> None:
         with self._lock:
-            if self._active:
+            if self._active or self._handed:
                 return
             self._active = True
             self._activations += 1

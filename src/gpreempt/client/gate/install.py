@@ -37,6 +37,7 @@ class GateImpl(Protocol):
     def bind_thread(self, word_address: int, unbounded: bool) -> None: ...
     def watch(self, addresses: list[int], version: int) -> None: ...
     def set_default_task_word(self, word_address: int) -> None: ...
+    def hand_activity(self, handed: bool) -> bool: ...
 
 
 class Gate:
@@ -125,6 +126,14 @@ class Gate:
         """The word that threads bound to no task follow (0: none). Autograd's worker threads
         are such threads, so the backward pass of a preempted training task waits too."""
         self._impl.set_default_task_word(word_address)
+
+    def hand_activity(self, handed: bool = True) -> bool:
+        """Stop publishing this process's activity (``auto_active``), which the driver-level
+        gate then publishes from every launch (``handed``), or publish it again (not handed).
+        The client hands it over in a process that also runs a framework whose launches this
+        gate never sees (JAX, CuPy, ...): its requests would otherwise go unseen. False where
+        the gate is not installed."""
+        return self._installed and self._impl.hand_activity(handed)
 
     # used by the torch patches
     def _mark_device_live(self) -> None:

@@ -57,3 +57,6 @@ class NativeGate:
 
     def set_default_task_word(self, word_address: int) -> None:
         self._module.set_default_task_word(word_address)
+
+    def hand_activity(self, handed: bool) -> bool:
+        return bool(self._module.hand_activity(handed))

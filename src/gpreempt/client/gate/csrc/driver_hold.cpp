@@ -108,7 +108,7 @@ void after_launch(CUpti_CallbackId cbid, const CUpti_CallbackData* data) {
   if (result != nullptr && *result != CUDA_SUCCESS) {
     return;
   }
-  const bool activity = g.cfg.auto_activity && !g.cfg.torch_gate;
+  const bool activity = launches_tell_activity(g);
   const bool bounded = g.cfg.bound && g.cfg.barrier_us > 0 && load32(ctl, kOffWindowShareUs) != 0;
   if (!activity && !bounded) {
     return;

@@ -107,8 +107,7 @@ constexpr int64_t kDeviceLookNs = 10 * 1000 * 1000;
 Mode mode_now(Gate& g, const uint8_t* ctl, int64_t now, Mode mode, int64_t asleep_since) {
   ModeFacts f;
   f.bound = g.cfg.bound;
-  f.needs_launches = !g.cfg.bound && g.cfg.auto_activity && !g.cfg.torch_gate &&
-                     load32(ctl, kOffHinted) == 0;
+  f.needs_launches = !g.cfg.bound && launches_tell_activity(g) && load32(ctl, kOffHinted) == 0;
   f.closed = load32(ctl, kOffGateClosed) != 0;
   f.watched_active = watched_active(g.watch.load(std::memory_order_acquire));
   f.kept_awake = now < g.awake_until_ns.load(std::memory_order_relaxed);
@@ -249,6 +248,12 @@ __attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uint
                                                                        uint32_t version) {
   publish_watch(gate(), blocks, n, version);
 }
+
+// PyTorch's operator gate handed the process's activity over: 1 if the launches tell it now.
+__attribute__((visibility("default"))) int gpreempt_driver_take_activity() {
+  return take_activity(gate()) ? 1 : 0;
+}
+
 
 // Hands CUPTI to a profiler: the gate holds nothing until gpreempt_driver_resume.
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {

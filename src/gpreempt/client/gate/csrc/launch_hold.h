@@ -42,7 +42,33 @@ struct HoldState {
   uint64_t adopted_inode = 0;        // its memfd's inode
   std::atomic<int64_t> last_launch_ns{0};
   std::atomic<uint32_t> active{0};   // auto_active as this process last set it
+  // PyTorch's operator gate handed activity over (take_activity): the launches tell it
+  std::atomic<bool> activity_taken{false};
 };
+
+// Whether this process's launches tell its activity: a task that detects it, where PyTorch's
+// operator gate does not (none runs here, or it handed activity over because the process also
+// runs a framework whose launches that gate never sees: JAX, CuPy, ...).
+template <class G>
+bool launches_tell_activity(const G& g) {
+  return g.cfg.auto_activity &&
+         (!g.cfg.torch_gate || g.activity_taken.load(std::memory_order_relaxed));
+}
+
+// PyTorch's operator gate stopped publishing auto_active; from now the launches publish it.
+// The word as that gate left it is adopted, so that a rise it published drops here once the
+// process launched nothing for the grace time. False where no block or no activity is had.
+template <class G>
+bool take_activity(G& g) {
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl == nullptr || !g.cfg.auto_activity) {
+    return false;
+  }
+  g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
+  g.active.store(load32(ctl, kOffAutoActive) != 0 ? 1 : 0);
+  g.activity_taken.store(true);
+  return true;
+}
 
 // Spins briefly, then sleeps on the gate word (the daemon wakes its futex when it opens the
 // gate) until `must_wait(word, watch list)` says the launch may go; watched words are polled.
@@ -74,7 +100,7 @@ void wait_open(G& g, uint8_t* ctl, MustWait&& must_wait) {
 }
 
 // One launch, before it is queued: counted, held while `must_wait` says so, and, for a task
-// whose launches tell its activity (none where PyTorch's operator gate tells it), raising
+// whose launches tell its activity (launches_tell_activity), raising
 // auto_active and ringing the daemon at the first launch after a quiet time.
 template <class G, class MustWait>
 void hold_launch(G& g, uint8_t* ctl, MustWait&& must_wait) {
@@ -85,7 +111,7 @@ void hold_launch(G& g, uint8_t* ctl, MustWait&& must_wait) {
       wait_open(g, ctl, must_wait);
     }
   }
-  if (g.cfg.auto_activity && !g.cfg.torch_gate) {
+  if (launches_tell_activity(g)) {
     g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
     if (g.active.exchange(1) == 0) {
       set_activity_word(ctl, kOffAutoActive, 1);

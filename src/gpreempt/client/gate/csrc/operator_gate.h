@@ -161,6 +161,8 @@ struct GateState {
   std::atomic<uint64_t> bound_wait_ns{0};
   std::atomic<uint64_t> events_recorded{0};
   std::atomic<uint32_t> active{0};
+  // the driver-level gate publishes auto_active from every launch instead (hand_activity)
+  std::atomic<bool> activity_handed{false};
   std::atomic<uint64_t> activations{0};
   std::atomic<int64_t> last_closed_ns{std::numeric_limits<int64_t>::min() / 2};
   std::atomic<uint32_t> window{0};

@@ -45,6 +45,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       g->captures.fetch_sub(1);
     }
   });
+  // The driver-level gate publishes auto_active from now (handed), or no longer: this gate's
+  // own activity is written again. False where no gate is installed.
+  m.def("hand_activity", [](bool handed) {
+    GateState* g = g_gate.load();
+    if (g == nullptr) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(g->publish_mu);
+    g->activity_handed.store(handed);
+    if (!handed) {
+      set_activity_word(g->ctl, kOffAutoActive, g->active.load());
+    }
+    return true;
+  });
   // for launches RecordFunction does not see (CUDA graph replays)
   m.def("before_launch", &before_graph_replay);
   m.def("in_forked_child", []() { return g_in_child.load(); });

@@ -126,9 +126,11 @@ bool driver_holds(GateState* g) {
 }
 
 // Whether the process's launches tell others when it is active: a gate that detects activity,
-// in a process that has not said it with request() or a marker of whole requests (hinted).
+// in a process that has not said it with request() or a marker of whole requests (hinted),
+// and has not handed it to the driver-level gate.
 bool tells_activity(GateState* g) {
-  return !g->cfg.bound && g->cfg.auto_activity && load32(g->ctl, kOffHinted) == 0;
+  return !g->cfg.bound && g->cfg.auto_activity && load32(g->ctl, kOffHinted) == 0 &&
+         !g->activity_handed.load(std::memory_order_relaxed);
 }
 
 bool may_sleep(GateState* g) {

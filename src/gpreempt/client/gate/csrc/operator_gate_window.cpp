@@ -14,9 +14,13 @@ void ring(GateState* g) {
   (void)ignored;
 }
 
-// Writes the activity flag as it is now; whoever changed it last publishes last.
+// Writes the activity flag as it is now; whoever changed it last publishes last. Nothing once
+// the driver-level gate publishes it (hand_activity).
 void publish_activity(GateState* g) {
   std::lock_guard<std::mutex> lock(g->publish_mu);
+  if (g->activity_handed.load()) {
+    return;
+  }
   set_activity_word(g->ctl, kOffAutoActive, g->active.load());
   ring(g);
 }

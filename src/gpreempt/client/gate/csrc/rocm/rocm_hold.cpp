@@ -121,6 +121,12 @@ __attribute__((visibility("default"))) void gpreempt_driver_set_watch(const uint
   publish_watch(gate(), blocks, n, version);
 }
 
+// PyTorch's operator gate handed the process's activity over: 1 if the launches tell it now.
+__attribute__((visibility("default"))) int gpreempt_driver_take_activity() {
+  return take_activity(gate()) ? 1 : 0;
+}
+
+
 // rocprofiler-sdk lets several tools trace the same process (a profiler needs nothing from
 // the gate): releasing and resuming change nothing and say the state.
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
