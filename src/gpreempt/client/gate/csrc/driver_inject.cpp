@@ -254,7 +254,6 @@ __attribute__((visibility("default"))) int gpreempt_driver_take_activity() {
   return take_activity(gate()) ? 1 : 0;
 }
 
-
 // Hands CUPTI to a profiler: the gate holds nothing until gpreempt_driver_resume.
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
   return release_cupti();

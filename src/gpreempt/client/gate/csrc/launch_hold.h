@@ -100,8 +100,8 @@ void wait_open(G& g, uint8_t* ctl, MustWait&& must_wait) {
 }
 
 // One launch, before it is queued: counted, held while `must_wait` says so, and, for a task
-// whose launches tell its activity (launches_tell_activity), raising
-// auto_active and ringing the daemon at the first launch after a quiet time.
+// whose launches tell its activity (launches_tell_activity), raising auto_active and ringing
+// the daemon at the first launch after a quiet time.
 template <class G, class MustWait>
 void hold_launch(G& g, uint8_t* ctl, MustWait&& must_wait) {
   add64(ctl, kOffDriverLaunches, 1);

@@ -56,6 +56,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g->activity_handed.store(handed);
     if (!handed) {
       set_activity_word(g->ctl, kOffAutoActive, g->active.load());
+      ring(g);
     }
     return true;
   });

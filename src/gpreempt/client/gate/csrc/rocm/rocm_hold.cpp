@@ -126,7 +126,6 @@ __attribute__((visibility("default"))) int gpreempt_driver_take_activity() {
   return take_activity(gate()) ? 1 : 0;
 }
 
-
 // rocprofiler-sdk lets several tools trace the same process (a profiler needs nothing from
 // the gate): releasing and resuming change nothing and say the state.
 __attribute__((visibility("default"))) uint32_t gpreempt_driver_release() {
