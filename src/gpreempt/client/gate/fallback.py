@@ -56,6 +56,17 @@ class ControlWords:
         self.window_share_us = ctypes.c_uint32.from_address(base + OFF_WINDOW_SHARE_US)
 
 
+def wait_for_streams(torch: Any, streams: list[Any], lock: Any) -> None:
+    """Wait until the work queued so far on each of ``streams`` has completed: an event
+    recorded behind it (under ``lock``, which guards the list), then polled."""
+    with lock:
+        events = [torch.cuda.Event() for _ in streams]
+        for event, stream in zip(events, streams, strict=True):
+            event.record(stream)
+    while not all(event.query() for event in events):
+        time.sleep(50e-6)
+
+
 class PythonGate:
     """The fallback: a TorchDispatchMode doing what the C++ hook does, ~1000x slower per op.
 
@@ -258,18 +269,9 @@ class PythonGate:
             self._publish()
         self._wake.set()
 
-    def _gpu_done(self) -> bool:
-        if not self._device_live or self._captures > 0 or not self._streams:
-            return True
-        with self._lock:
-            events = []
-            for stream in self._streams:
-                event = self._torch.cuda.Event()
-                event.record(stream)
-                events.append(event)
-        while not all(event.query() for event in events):
-            time.sleep(50e-6)
-        return True
+    def _wait_for_gpu(self) -> None:
+        if self._device_live and self._captures == 0 and self._streams:
+            wait_for_streams(self._torch, self._streams, self._lock)
 
     def _activity_loop(self) -> None:
         grace = self._config.idle_grace_ms / 1e3
@@ -287,7 +289,7 @@ class PythonGate:
                     seen = self._launches
                     quiet_since = None
                     continue
-                self._gpu_done()
+                self._wait_for_gpu()
                 if self._launches != seen:
                     continue
                 now = time.monotonic()
