@@ -68,6 +68,19 @@ def test_a_server_that_marks_nothing_is_busy_across_gaps_under_its_idle_grace() 
     assert h["last_of_several_ms"] == pytest.approx(3.5)
 
 
+def test_steps_stamped_at_once_by_a_stalled_host_count_as_one_at_the_gpus_pace() -> None:
+    """Steps of 1 ms: five stamps 0.05 ms apart inside one span were stamped late by the host
+    (the GPU runs no five steps in 0.2 ms); two stamps a step apart are two."""
+    server = {"start": [1.0], "end": [1.010]}
+    burst = [1.002 + 0.00005 * i for i in range(5)]
+    h = _load().held_spans(server, burst, join_ms=0.2, step_ms=1.0)
+    assert h["most_steps"] == 5 and h["most_steps_paced"] == 1
+    h = _load().held_spans(server, [1.002, 1.003], join_ms=0.2, step_ms=1.0)
+    assert h["most_steps"] == 2 and h["most_steps_paced"] == 2
+    h = _load().held_spans(server, burst, join_ms=0.2)  # no step time: none told apart
+    assert h["most_steps_paced"] == 5
+
+
 def test_late_steps_after_a_gap_between_requests_are_told_apart(tmp_path: Path):
     """The server idles 2 ms between its two requests inside one of the daemon's periods: of
     the two late steps, the one after that gap ran rightly."""

@@ -314,7 +314,9 @@ def late_after_a_gap(
     return count
 
 
-def held_spans(server: dict[str, Any], ends: list[float], join_ms: float) -> dict[str, Any]:
+def held_spans(
+    server: dict[str, Any], ends: list[float], join_ms: float, step_ms: float = float("nan")
+) -> dict[str, Any]:
     """Whether the trainer stood still while the server was busy, read from the two processes'
     own clocks, not the daemon's: the server's requests joined across gaps of at most
     ``join_ms`` (the linger of a server that marks its requests, else the idle grace: shorter
@@ -322,23 +324,29 @@ def held_spans(server: dict[str, Any], ends: list[float], join_ms: float) -> dic
     what was in flight or queued before its barrier when the span began, so the steps
     completed inside each, and how far into its span the last of several came, tell a hold
     that holds (a second one early, if at all) from one that leaks (steps on through long
-    spans)."""
+    spans). Steps are stamped on the host as each completes, and a stalled host stamps
+    several at once: ``most_steps_paced`` counts stamps less than a quarter of the median
+    step (``step_ms``) after the one before as that one, the steps the GPU could have run."""
     spans: list[list[float]] = []
     for start, stop in zip(server["start"], server["end"], strict=True):
         if spans and start - spans[-1][1] <= join_ms / 1e3:
             spans[-1][1] = max(spans[-1][1], stop)
         else:
             spans.append([start, stop])
-    counts, last_of_several = [], []
+    counts, paced, last_of_several = [], [], []
+    burst_s = step_ms / 4e3 if step_ms == step_ms else 0.0  # NaN: none told apart
     for start, stop in spans:
         inside = ends[bisect.bisect_right(ends, start) : bisect.bisect_right(ends, stop)]
         counts.append(len(inside))
+        gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
+        paced.append(min(len(inside), 1 + sum(gap >= burst_s for gap in gaps)))
         if len(inside) > 1:
             last_of_several.append((inside[-1] - start) * 1e3)
     return {
         "n": len(spans),
         "join_ms": join_ms,
         "most_steps": max(counts, default=0),
+        "most_steps_paced": max(paced, default=0),
         "last_of_several_ms": max(last_of_several, default=float("nan")),
     }
 
@@ -452,6 +460,7 @@ def summary(
             DEFAULT_IDLE_GRACE_MS
             if folder.name.endswith("no-request")
             else DEFAULT_REQUEST_LINGER_MS,
+            step_s * 1e3,
         ),
         "reaction_ms": reaction_ms(events, begin, end),
         "suspend_calls_ms": suspend_calls(events, server, slow),
@@ -513,8 +522,10 @@ def _print(r: dict[str, Any]) -> None:
                   f"p90 {v['p90']:.2f} ms")  # fmt: skip
         h = r["held_spans"]
         print(f"the server's busy spans (its requests joined across gaps up to {h['join_ms']:g} "
-              f"ms): {h['n']}; most trainer steps completed inside one: {h['most_steps']}, "
-              f"the last of several {h['last_of_several_ms']:.2f} ms in at most")  # fmt: skip
+              f"ms): {h['n']}; most trainer steps completed inside one: {h['most_steps']} "
+              f"({h['most_steps_paced']} at the GPU's pace: stamps closer than a quarter "
+              f"step as one), the last of several {h['last_of_several_ms']:.2f} ms in at "
+              "most")  # fmt: skip
         lag = r["reaction_ms"]
         print(f"the daemon's suspend after the server's active: median {lag['p50']:.2f} ms, "
               f"longest {lag['max']:.2f} ms (n={lag['n']})")  # fmt: skip
