@@ -85,6 +85,12 @@ def test_nothing_is_handed_while_the_driver_level_gate_is_not_on(monkeypatch, st
     assert current.gate.handed == []
 
 
+def test_a_gate_that_cannot_hand_it_over_leaves_the_driver_level_gate_alone(driver_on) -> None:
+    current = _Session(gate=_Gate(takes=False))  # uninstalled meanwhile
+    assert not agent.hand_activity_over(current)
+    assert current.gate.handed == [True] and driver_on == []
+
+
 def test_the_driver_level_gate_missing_takes_nothing(monkeypatch) -> None:
     monkeypatch.setattr(driver, "library", lambda: None)
     assert driver.take_activity() is False
