@@ -76,16 +76,20 @@ def test_a_task_nothing_preempts_lets_cupti_go_and_its_profiler_still_gets_a_pro
 
 
 def test_a_detached_gate_subscribes_again_when_a_more_important_task_starts(
-    daemon, runtime_dir, tmp_path
+    daemon, runtime_dir, tmp_path, monkeypatch
 ):
     """A task at ``high`` runs CuPy work beside PyTorch (which its operator gate never sees)
     and detaches while nothing outranks it; a task above it then opens a request, and the
-    work must stand still through it: the gate took CUPTI back and held the launches."""
+    work must stand still through it: the gate took CUPTI back and held the launches. The task
+    tells no activity of its own (``GPREEMPT_AUTO_ACTIVITY=0``): one that did would keep CUPTI
+    to tell it by its CuPy launches (agent.hand_activity_over)."""
     pytest.importorskip("torch")
     pytest.importorskip("cupy")
     progress, go = tmp_path / "progress", tmp_path / "go"
     worker = [sys.executable, str(PROGRAMS / "mixed_worker.py"), str(progress), "cupy", "90"]
+    monkeypatch.setenv("GPREEMPT_AUTO_ACTIVITY", "0")
     trainer = spawn(runtime_dir, "run", "--priority", "high", "--name", "trainer", "--", *worker)
+    monkeypatch.delenv("GPREEMPT_AUTO_ACTIVITY")
     server = None
     try:
         assert wait_for(lambda: progress_count(progress) > 0, 100), "no progress"
