@@ -10,15 +10,19 @@ outside, as the daemon would, through the block's descriptor in ``/proc``.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
+import socket
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
 from conftest import Daemon, spawn, stop_all, task_named, wait_for
 from test_driver_gate import OWN_CHANNEL, _library
 
+from gpreempt.config import SOCKET_NAME
 from gpreempt.control import OFF_GATE_CLOSED, OFF_SLEEP_OK, OFF_WINDOW_SHARE_US
 
 #: A process with the Python client that launches nothing: it registers and waits.
@@ -81,3 +85,41 @@ def test_a_program_on_its_own_channel_lifts_its_share_when_the_daemon_dies(
     _released_when_the_daemon_dies(
         runtime_dir, [sys.executable, "-S", "-c", OWN_CHANNEL, str(version)]
     )
+
+
+def test_a_block_taken_by_a_daemon_that_never_answered_is_lifted_once_it_dies(tmp_path) -> None:
+    """A daemon slow under load takes a program's block and writes its words, but its answer
+    comes after the program gave up waiting (2 s); then it dies. The program, which holds no
+    connection to it, must lift the words anyway: nothing else ever would."""
+    path = str(_library())
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(runtime / SOCKET_NAME))
+    listener.listen(4)
+    env = {**os.environ, "CUDA_INJECTION64_PATH": path, "GPREEMPT_RUNTIME_DIR": str(runtime)}
+    env.update(GPREEMPT_TASK_ID="1", GPREEMPT_DRIVER_BOUND="1")
+    program = subprocess.Popen(
+        [sys.executable, "-S", "-c", OWN_CHANNEL, str(tmp_path / "version")], env=env
+    )
+    try:
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        _, fds, _, _ = socket.recv_fds(conn, 4096, 2)
+        block = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
+        struct.pack_into("<I", block, OFF_WINDOW_SHARE_US, 1000)  # as the daemon writes them
+        struct.pack_into("<I", block, OFF_SLEEP_OK, 0)
+        struct.pack_into("<I", block, OFF_GATE_CLOSED, 1)
+        listener.close()  # it dies before answering: no retry finds a daemon
+        conn.close()
+
+        def words() -> tuple[int, int, int]:
+            return tuple(
+                struct.unpack_from("<I", block, off)[0]
+                for off in (OFF_GATE_CLOSED, OFF_WINDOW_SHARE_US, OFF_SLEEP_OK)
+            )
+
+        assert wait_for(lambda: words() == (0, 0, 1), 15), words()
+    finally:
+        program.kill()
+        program.wait()

@@ -68,7 +68,20 @@ bool make_block(Gate& g) {
   return true;
 }
 
-// A connected socket on which the daemon took the block, or -1.
+// The daemon that wrote the block's words is gone: lifts its in-flight share and lets the gate
+// sleep (a share left set kept the barriers on, a sleep left forbidden the callbacks, for good),
+// then opens the gate and wakes a waiting launch (ControlBlock.release).
+void release_block(Gate& g) {
+  uint8_t* ctl = g.ctl.load();
+  store32(ctl, kOffWindowShareUs, 0);
+  store32(ctl, kOffSleepOk, 1);
+  store32(ctl, kOffGateClosed, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(ctl + kOffGateClosed), FUTEX_WAKE, 1 << 30,
+          nullptr, nullptr, 0);
+}
+
+// A connected socket on which the daemon took the block, or -1 (the caller releases the block:
+// a daemon slow to answer may have taken it and written its words before the answer timed out).
 int connect_channel() {
   const char* dir = getenv("GPREEMPT_RUNTIME_DIR");
   if (dir == nullptr) {
@@ -119,18 +132,6 @@ int connect_channel() {
   timeval none{0, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   return fd;
-}
-
-// The daemon that wrote the block's words is gone: lifts its in-flight share and lets the gate
-// sleep (a share left set kept the barriers on, a sleep left forbidden the callbacks, for good),
-// then opens the gate and wakes a waiting launch (ControlBlock.release).
-void release_block(Gate& g) {
-  uint8_t* ctl = g.ctl.load();
-  store32(ctl, kOffWindowShareUs, 0);
-  store32(ctl, kOffSleepOk, 1);
-  store32(ctl, kOffGateClosed, 0);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(ctl + kOffGateClosed), FUTEX_WAKE, 1 << 30,
-          nullptr, nullptr, 0);
 }
 
 // The number after `"key":` in a JSON line, or -1.
@@ -256,6 +257,9 @@ void channel_loop(int fd) {
     do {
       sleep(1);
       fd = connect_channel();
+      if (fd < 0) {
+        release_block(g);  // a daemon that took it over a connection given up on, then died
+      }
     } while (fd < 0);
   }
 }
@@ -282,6 +286,9 @@ bool open_own_channel(Gate& g) {
   std::thread([fd]() {
     int first = fd;
     while (first < 0) {
+      // no daemon holds the block; one slow to answer may have taken it before the answer
+      // timed out, and would leave its words set for good if it died now
+      release_block(gate());
       sleep(1);
       first = connect_channel();
     }
