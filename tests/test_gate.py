@@ -6,6 +6,7 @@ skipped where no compiler is available) and the Python TorchDispatchMode fallbac
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import threading
@@ -19,7 +20,13 @@ torch = pytest.importorskip("torch")
 from gpreempt.client import gate as gate_mod  # noqa: E402
 from gpreempt.client.gate import install_gate, resolve_config  # noqa: E402
 from gpreempt.client.gate.build import NativeGateUnavailable, load_native  # noqa: E402
-from gpreempt.control import closed_while_watched  # noqa: E402
+from gpreempt.control import (  # noqa: E402
+    DRIVER_FAILED,
+    DRIVER_ON,
+    DRIVER_RELEASED,
+    OFF_DRIVER_GATE,
+    closed_while_watched,
+)
 from gpreempt.control_block import ControlBlock  # noqa: E402
 from gpreempt.errors import UsageError  # noqa: E402
 
@@ -262,6 +269,7 @@ def test_auto_activity_publishes_transitions(control, impl):
 def test_a_gate_that_handed_its_activity_over_leaves_the_word_alone(control, impl):
     """The driver-level gate publishes the activity of a process that runs another framework
     beside PyTorch (agent.hand_activity_over): the operator gate neither raises nor drops it."""
+    _driver_word(control).value = DRIVER_ON  # the driver-level gate holds CUPTI
     gate = _install(control, impl, bound=False, auto_activity=True, idle_grace_ms=20.0)
     torch.ones(4) * 2
     assert control.stats().auto_active  # its own rise, handed over as it stands
@@ -277,6 +285,44 @@ def test_a_gate_that_handed_its_activity_over_leaves_the_word_alone(control, imp
     assert control.stats().auto_active
     gate.uninstall()
     assert not gate.hand_activity(True)  # nothing to hand once uninstalled
+
+
+def _driver_word(control: ControlBlock) -> ctypes.c_uint32:
+    """The control block's ``driver_gate`` word, as the driver-level gate writes it."""
+    return ctypes.c_uint32.from_address(control.address + OFF_DRIVER_GATE)
+
+
+def _until(predicate, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+@pytest.mark.parametrize("away", [DRIVER_RELEASED, DRIVER_FAILED], ids=["released", "failed"])
+def test_a_gate_that_handed_its_activity_over_tells_it_while_cupti_is_away(control, impl, away):
+    """While a profiler holds CUPTI (or the driver-level gate failed), the launches go unseen:
+    the operator gate that handed its activity over tells it again, adopting a rise the
+    driver-level gate left (dropped once idle: else a trainer would stay held through the
+    profile), and stands aside again once the driver-level gate holds CUPTI."""
+    word = _driver_word(control)
+    word.value = DRIVER_ON
+    gate = _install(control, impl, bound=False, auto_activity=True, idle_grace_ms=20.0)
+    assert gate.hand_activity(True)
+    control.set_auto_active(True)  # raised by the driver-level gate's launches
+    time.sleep(0.3)
+    assert control.stats().auto_active  # its to drop, while it holds CUPTI
+    word.value = away
+    assert _until(lambda: not control.stats().auto_active), "the rise it left never dropped"
+    torch.ones(4) * 2
+    assert control.stats().auto_active  # its own rise, told again
+    assert _until(lambda: not control.stats().auto_active)
+    word.value = DRIVER_ON  # CUPTI back: the launches tell the activity again
+    time.sleep(0.05)
+    torch.ones(4) * 2
+    time.sleep(0.05)
+    assert not control.stats().auto_active
+    gate.uninstall()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

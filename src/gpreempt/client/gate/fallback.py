@@ -20,6 +20,9 @@ from typing import Any
 
 from ... import futex
 from ...control import (
+    DRIVER_ON,
+    OFF_AUTO_ACTIVE,
+    OFF_DRIVER_GATE,
     OFF_GATE_CLOSED,
     OFF_GATE_INSTALLED,
     OFF_GENERATION,
@@ -54,6 +57,19 @@ class ControlWords:
         self.window = ctypes.c_uint32.from_address(base + OFF_WINDOW)
         self.installed = ctypes.c_uint32.from_address(base + OFF_GATE_INSTALLED)
         self.window_share_us = ctypes.c_uint32.from_address(base + OFF_WINDOW_SHARE_US)
+        self.auto_active = ctypes.c_uint32.from_address(base + OFF_AUTO_ACTIVE)
+        self.driver_gate = ctypes.c_uint32.from_address(base + OFF_DRIVER_GATE)
+
+    def handed_now(self, handed: bool) -> bool:
+        """Whether the driver-level gate tells the activity now: ``handed`` to it (the gate's
+        ``hand_activity``) and it holds CUPTI. While a profiler holds CUPTI the launches go
+        unseen, and the operator gate tells the activity again, as it sees it."""
+        return handed and self.driver_gate.value == DRIVER_ON
+
+    def left_active(self) -> bool:
+        """The activity word raised while the driver-level gate does not hold CUPTI: a rise it
+        left as a profiler took CUPTI, which the operator gate adopts (to drop it when idle)."""
+        return self.driver_gate.value != DRIVER_ON and self.auto_active.value != 0
 
 
 def wait_for_streams(torch: Any, streams: list[Any], lock: Any) -> None:
@@ -100,7 +116,7 @@ class PythonGate:
         self._captures = 0
         self._lock = threading.RLock()
         self._active = False
-        self._handed = False  # the driver-level gate publishes auto_active (hand_activity)
+        self._handed = False  # the driver-level gate tells the activity (ControlWords.handed_now)
         self._activations = 0
         self._streams: list[Any] = []
         self._wake = threading.Event()
@@ -251,7 +267,7 @@ class PythonGate:
 
     # -- activity ------------------------------------------------------------------------
     def _publish(self) -> None:
-        if not self._handed:
+        if not self._ctl.handed_now(self._handed):
             self._control.set_auto_active(self._active)
 
     def hand_activity(self, handed: bool) -> bool:
@@ -262,7 +278,7 @@ class PythonGate:
 
     def _mark_active(self) -> None:
         with self._lock:
-            if self._active or self._handed:
+            if self._active or self._ctl.handed_now(self._handed):
                 return
             self._active = True
             self._activations += 1
@@ -280,6 +296,8 @@ class PythonGate:
             if not self._active:
                 self._wake.wait(0.2)
                 self._wake.clear()
+                with self._lock:  # a rise the driver-level gate left to a profiler, adopted
+                    self._active |= self._handed and self._ctl.left_active()
                 continue
             seen = self._launches
             quiet_since: float | None = None

@@ -50,6 +50,9 @@ bool work_done(Gate& g) {
 
 int64_t check_idle(Gate& g, int64_t now) {
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl != nullptr) {
+    follow_activity_word(g, ctl, now);  // what the operator gate told while CUPTI was away
+  }
   if (ctl == nullptr || g.active.load() == 0) {
     g.quiet_since_ns = 0;
     return kNothingDue;

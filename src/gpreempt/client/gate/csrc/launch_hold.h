@@ -70,6 +70,25 @@ bool take_activity(G& g) {
   return true;
 }
 
+// After take_activity, PyTorch's operator gate tells the activity again whenever the launches
+// go unseen (a profiler holds CUPTI: gate.md), so the word may move behind the launches' back.
+// What it holds is adopted, from the gate's thread while its callbacks are on: a rise it did
+// not make drops once the process has been idle for the grace time from `now`, and a drop lets
+// the next launch raise the word again. A no-op where activity was not taken.
+template <class G>
+void follow_activity_word(G& g, const uint8_t* ctl, int64_t now) {
+  if (!g.activity_taken.load(std::memory_order_relaxed)) {
+    return;
+  }
+  const uint32_t word = load32(ctl, kOffAutoActive) != 0 ? 1 : 0;
+  if (g.active.load() != word) {
+    if (word != 0) {
+      g.last_launch_ns.store(now, std::memory_order_relaxed);
+    }
+    g.active.store(word);
+  }
+}
+
 // Spins briefly, then sleeps on the gate word (the daemon wakes its futex when it opens the
 // gate) until `must_wait(word, watch list)` says the launch may go; watched words are polled.
 template <class G, class MustWait>

@@ -161,7 +161,8 @@ struct GateState {
   std::atomic<uint64_t> bound_wait_ns{0};
   std::atomic<uint64_t> events_recorded{0};
   std::atomic<uint32_t> active{0};
-  // the driver-level gate publishes auto_active from every launch instead (hand_activity)
+  // the driver-level gate publishes auto_active from every launch instead (hand_activity),
+  // while it holds CUPTI (activity_handed_now)
   std::atomic<bool> activity_handed{false};
   std::atomic<uint64_t> activations{0};
   std::atomic<int64_t> last_closed_ns{std::numeric_limits<int64_t>::min() / 2};
@@ -257,6 +258,7 @@ void after_fork_in_child();
 
 // --- operator_gate_window.cpp -------------------------------------------------------------------
 void ring(GateState* g);
+bool activity_handed_now(const GateState* g);
 void publish_activity(GateState* g);
 void note_error(GateState* g, const char* where, const std::exception& e);
 bool device_usable(GateState* g);

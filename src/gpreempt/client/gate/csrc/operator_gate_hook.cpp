@@ -98,8 +98,7 @@ inline void before_launch(GateState* g, const char* name) {
   if (C10_UNLIKELY(work >= g->next_barrier_work.load(std::memory_order_relaxed))) {
     put_barrier(g, work);
   }
-  if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0) &&
-      !g->activity_handed.load(std::memory_order_relaxed)) {
+  if (g->cfg.auto_activity && C10_UNLIKELY(g->active.load() == 0) && !activity_handed_now(g)) {
     mark_active(g);
     // learn the stream now: a short burst may never reach a segment boundary
     segment(g, n, work, cost, true);

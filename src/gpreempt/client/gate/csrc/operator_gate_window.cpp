@@ -14,11 +14,19 @@ void ring(GateState* g) {
   (void)ignored;
 }
 
-// Writes the activity flag as it is now; whoever changed it last publishes last. Nothing once
-// the driver-level gate publishes it (hand_activity).
+// Whether the driver-level gate tells the activity now: handed to it (hand_activity), and it
+// holds CUPTI. While a profiler holds CUPTI (or the gate failed) its callbacks see nothing, and
+// this gate tells the activity again, as it sees it: better than none.
+bool activity_handed_now(const GateState* g) {
+  return g->activity_handed.load(std::memory_order_relaxed) &&
+         load32(g->ctl, kOffDriverGate) == kDriverOn;
+}
+
+// Writes the activity flag as it is now; whoever changed it last publishes last. Nothing while
+// the driver-level gate publishes it (activity_handed_now).
 void publish_activity(GateState* g) {
   std::lock_guard<std::mutex> lock(g->publish_mu);
-  if (g->activity_handed.load()) {
+  if (activity_handed_now(g)) {
     return;
   }
   set_activity_word(g->ctl, kOffAutoActive, g->active.load());
