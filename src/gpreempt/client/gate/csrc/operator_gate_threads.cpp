@@ -133,21 +133,13 @@ bool tells_activity(GateState* g) {
          !activity_handed_now(g);
 }
 
-// A gate that handed its activity over takes it back while the driver-level gate lets CUPTI go
-// to a profiler (activity_handed_now): the word as that gate left it is adopted, so that a
-// rise it published drops here once the process has been idle for the grace time. `back`:
-// whether it is taken back already (the sleep thread's own).
-void follow_handed_activity(GateState* g, bool& back) {
-  const bool handed = g->activity_handed.load(std::memory_order_relaxed);
-  if (!handed || activity_handed_now(g)) {
-    back = false;
-    return;
-  }
-  if (back) {
-    return;
-  }
-  back = true;
-  if (g->cfg.auto_activity && load32(g->ctl, kOffAutoActive) != 0 && g->active.exchange(1) == 0) {
+// A gate that handed its activity over tells it again while the driver-level gate does not
+// hold CUPTI (activity_handed_now): a rise that gate left (its launches', before a profiler
+// took CUPTI) is adopted, so that it drops here once the process has been idle for the grace.
+void adopt_left_activity(GateState* g) {
+  if (g->cfg.auto_activity && g->activity_handed.load(std::memory_order_relaxed) &&
+      !activity_handed_now(g) && load32(g->ctl, kOffAutoActive) != 0 &&
+      g->active.exchange(1) == 0) {
     {
       std::lock_guard<std::mutex> lock(g->bg_mu);
     }
@@ -280,14 +272,13 @@ void wake(GateState* g, at::CallbackHandle handle) {
 
 void sleep_loop(GateState* g, at::CallbackHandle handle) {
   bool device_set = false;
-  bool activity_back = false;
   while (!g->uninstalled.load()) {
     const bool asleep = g->asleep.load();
     sleep_ns(asleep ? kAsleepPollNs : tells_activity(g) ? kAwakeActivityPollNs : kAwakePollNs);
     if (g->uninstalled.load()) {
       break;
     }
-    follow_handed_activity(g, activity_back);
+    adopt_left_activity(g);
     bool can = may_sleep(g);
     if (asleep && can && !driver_holds(g)) {
       const int64_t now = now_ns();
