@@ -226,7 +226,7 @@ def test_work_going_on_behind_a_closed_gate_is_found_and_locked() -> None:
     block = _Block("on")
     task.controls[1] = block
     apply(backstop, 100.25)  # held 250 ms: the launches now must stand still
-    assert task.hold_baseline == 1000
+    assert task.hold_baseline is not None and task.hold_baseline.launches == 1000
     block.driver_launches += 3  # a launch per thread it holds: no leak
     apply(backstop, 100.35)
     assert not task.hold_leaked and driver.calls == []
@@ -263,7 +263,7 @@ def test_a_gate_closed_for_watched_tasks_is_not_counted() -> None:
     apply(backstop, 100.25)
     block.driver_launches += 500  # the server is idle: the trainer runs
     apply(backstop, 100.35)
-    assert not task.hold_leaked and task.hold_baseline == 1500
+    assert not task.hold_leaked and _baseline(task) == (1500, None)
 
 
 def _server(daemon, uid: int) -> Task:
@@ -395,28 +395,34 @@ def test_a_task_at_high_held_by_a_watched_task_that_stays_active_must_stand_stil
     stayed active between the two looks."""
     _daemon, task, backstop, block, watched = _held_by_a_watched_task(100)
     apply(backstop, 100.25)
-    assert task.hold_baseline == 1000 and task.hold_epochs == (7,)
+    assert _baseline(task) == (1000, (7,))
     block.driver_launches += 500  # its launches went on while the server stayed active
     apply(backstop, 100.35)
     backstop.finish()
     assert task.hold_leaked
 
 
+def _baseline(task: Task) -> tuple[int, tuple[int, ...] | None]:
+    """The launches and watched epochs the backstop counts ``task``'s hold from."""
+    assert task.hold_baseline is not None, "no baseline taken"
+    return task.hold_baseline.launches, task.hold_baseline.epochs
+
+
 def test_a_watched_task_that_dropped_between_two_looks_only_moves_the_baseline() -> None:
     _daemon, task, backstop, block, watched = _held_by_a_watched_task(100)
     block.driver_asleep = True  # its gate wakes (subscribes again) before its launches wait
     apply(backstop, 100.25)
-    assert task.hold_epochs is None
+    assert _baseline(task)[1] is None
     block.driver_asleep = False
     apply(backstop, 100.3)
     watched.activity_epoch += 1  # it dropped (the gate went on) and rose again
     block.driver_launches += 500
     apply(backstop, 100.35)
-    assert not task.hold_leaked and task.hold_baseline == 1500 and task.hold_epochs == (8,)
+    assert not task.hold_leaked and _baseline(task) == (1500, (8,))
     watched.active = False  # it dropped: the gate goes on by itself
     block.driver_launches += 500
     apply(backstop, 100.45)
-    assert not task.hold_leaked and task.hold_baseline == 2000 and task.hold_epochs is None
+    assert not task.hold_leaked and _baseline(task) == (2000, None)
 
 
 def test_a_trainer_whose_driver_gate_may_put_barriers_is_not_held_by_watch() -> None:
@@ -426,4 +432,4 @@ def test_a_trainer_whose_driver_gate_may_put_barriers_is_not_held_by_watch() -> 
     apply(backstop, 100.25)
     block.driver_launches += 500
     apply(backstop, 100.35)
-    assert not task.hold_leaked and task.hold_epochs is None
+    assert not task.hold_leaked and _baseline(task)[1] is None

@@ -128,8 +128,7 @@ class Executor:
         them with signals, each recorded first."""
         tasks = self.host.registry.tasks
         for baseline in plan.baselines:
-            tasks[baseline.task_id].hold_baseline = baseline.launches
-            tasks[baseline.task_id].hold_epochs = baseline.epochs
+            tasks[baseline.task_id].hold_baseline = baseline
         for leak in plan.leaks:
             task = tasks[leak.task_id]
             task.hold_leaked = True

@@ -159,6 +159,7 @@ class Backstop:
         gate_holds = task.suspended and kind(task.suspended_with).in_process
         launches = task.driver_launches  # read before the watched words: held_by_watch
         watch_held, watch_epochs = held_by_watch(task, self.registry.tasks, self.watching)
+        baseline = task.hold_baseline
         return HoldFacts(
             task_id=task.task_id,
             uid=task.uid,
@@ -175,7 +176,7 @@ class Backstop:
             launches=launches,
             channels=len(task.controls),
             must_stand_still=self._must_stand_still(task),
-            hold_baseline=task.hold_baseline,
+            hold_baseline=None if baseline is None else baseline.launches,
             hold_leaked=task.hold_leaked,
             closes_gate=kind(task.mechanism).closes_gate,
             untrusted=task.gate_untrusted,
@@ -188,7 +189,7 @@ class Backstop:
             barrier_leaked=any(c.barrier_leaks for c in task.controls.values()),
             watch_held=watch_held,
             watch_epochs=watch_epochs,
-            baseline_epochs=task.hold_epochs,
+            baseline_epochs=None if baseline is None else baseline.epochs,
         )
 
     def _gpu_busy(self, task: Task, to_unix: float) -> bool:
@@ -342,7 +343,6 @@ class Backstop:
         have it lifted once it is taken (its signals are the executor's to undo)."""
         self.meter.close(task, time.monotonic() if now is None else now)
         task.hold_baseline = None
-        task.hold_epochs = None
         task.hold_leaked = False
         self._failed.discard(task.task_id)
         self._lock_failed.discard(task.task_id)

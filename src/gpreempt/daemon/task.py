@@ -21,6 +21,7 @@ from ..mechanisms.base import Target
 from ..names import MechanismName
 from ..policy import TaskView
 from ..priority import priority_name
+from .backstop_plan import HoldBaseline
 from .task_counters import TaskCounters
 from .task_gpus import TaskGpus
 from .task_identity import TaskIdentity
@@ -69,10 +70,9 @@ class Task:
     #: Also stopped with signals, behind its closed gate, where there is no lock (apply.py).
     backstop_signalled: bool = False
     #: Launches its driver-level gates had seen once its gate had held it a moment, this
-    #: suspension (backstop.py checks that they stand still); None before.
-    hold_baseline: int | None = None
-    #: The activity epochs of the blocks its gates watched then, where they held it (None).
-    hold_epochs: tuple[int, ...] | None = None
+    #: suspension, with the activity epochs of the blocks its gates watched then where they
+    #: held it (backstop.py checks that the launches stand still); None before.
+    hold_baseline: HoldBaseline | None = None
     #: Its GPU work went on while its gate was closed, this suspension (backstop.py).
     hold_leaked: bool = False
     #: A hold of it was found to leak: its gate's words no longer count (no turns, no sparing
