@@ -55,21 +55,6 @@ bool launches_tell_activity(const G& g) {
          (!g.cfg.torch_gate || g.activity_taken.load(std::memory_order_relaxed));
 }
 
-// PyTorch's operator gate stopped publishing auto_active; from now the launches publish it.
-// The word as that gate left it is adopted, so that a rise it published drops here once the
-// process launched nothing for the grace time. False where no block or no activity is had.
-template <class G>
-bool take_activity(G& g) {
-  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  if (ctl == nullptr || !g.cfg.auto_activity) {
-    return false;
-  }
-  g.last_launch_ns.store(now_ns(), std::memory_order_relaxed);
-  g.active.store(load32(ctl, kOffAutoActive) != 0 ? 1 : 0);
-  g.activity_taken.store(true);
-  return true;
-}
-
 // After take_activity, PyTorch's operator gate tells the activity again whenever the launches
 // go unseen (a profiler holds CUPTI: gate.md), so the word may move behind the launches' back.
 // What it holds is adopted, from the gate's thread while its callbacks are on: a rise it did
@@ -87,6 +72,21 @@ void follow_activity_word(G& g, const uint8_t* ctl, int64_t now) {
     }
     g.active.store(word);
   }
+}
+
+// PyTorch's operator gate stopped publishing auto_active; from now the launches publish it.
+// The word as that gate left it is adopted (follow_activity_word), so that a rise it published
+// drops here once the process launched nothing for the grace time. False where no block or no
+// activity is had.
+template <class G>
+bool take_activity(G& g) {
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  if (ctl == nullptr || !g.cfg.auto_activity) {
+    return false;
+  }
+  g.activity_taken.store(true);
+  follow_activity_word(g, ctl, now_ns());
+  return true;
 }
 
 // Spins briefly, then sleeps on the gate word (the daemon wakes its futex when it opens the
