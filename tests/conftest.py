@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -62,6 +62,17 @@ def build_gate_rule(work: Path, program: str) -> Path:
         cwd=work, check=True,
     )  # fmt: skip
     return binary
+
+
+def run_gate_rule(binary: Path, lines: Iterable[str]) -> list[str]:
+    """What a program of :func:`build_gate_rule` prints, a line each, fed ``lines`` in order
+    on its standard input; it must exit 0."""
+    out = subprocess.run(
+        [str(binary)], input="".join(f"{line}\n" for line in lines), capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    return out.stdout.splitlines()
 
 
 def gp_env(runtime_dir: Path) -> dict[str, str]:

@@ -4,11 +4,10 @@ where the check reads them, and the verdict on each barrier."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 # One watched task's control block. Reads commands, one a line:
 #   requests N / active N   the task writes that word (a rise bumps the epoch, gate_words.h)
@@ -72,11 +71,7 @@ def check(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def verdicts(binary: Path, *commands: str) -> list[str]:
     """The verdict of each ``done`` among ``commands``, run in order."""
-    out = subprocess.run(
-        [binary], input="".join(c + "\n" for c in commands), capture_output=True, text=True
-    )
-    assert out.returncode == 0, out
-    return out.stdout.split()
+    return run_gate_rule(binary, commands)
 
 
 def test_a_barrier_put_while_the_server_was_active_and_passed_so_leaked(check: Path) -> None:

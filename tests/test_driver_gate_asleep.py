@@ -4,11 +4,10 @@ report them."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 # Reads "SPAN_MS NOW_NS" lines, learns each, prints "VERDICT WAIT_MS EVERY_NS" per line; a line
 # "reset" forgets what was learned.
@@ -45,10 +44,9 @@ def drain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def learn(binary: Path, spans: list[tuple[float, int] | str]) -> list[tuple[str, float, int]]:
     """Each span (GPU ms, learned at ns) fed in order; the verdict after each."""
-    lines = "".join(s + "\n" if isinstance(s, str) else f"{s[0]} {s[1]}\n" for s in spans)
-    out = subprocess.run([binary], input=lines, capture_output=True, text=True, check=True)
+    lines = [s if isinstance(s, str) else f"{s[0]} {s[1]}" for s in spans]
     rows = []
-    for row in out.stdout.split("\n"):
+    for row in run_gate_rule(binary, lines):
         if row and row != "reset":
             verdict, wait, every = row.split()
             rows.append((verdict, float(wait), int(every)))

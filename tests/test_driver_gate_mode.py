@@ -3,11 +3,10 @@ the CPU: the facts of one moment in, the mode out."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 FACTS = (
     "bound",
@@ -52,8 +51,7 @@ def mode(binary: Path, **facts: bool) -> str:
     unknown = set(facts) - set(FACTS)
     assert not unknown, unknown
     line = " ".join(str(int(facts.get(name, False))) for name in FACTS)
-    out = subprocess.run([binary], input=line + "\n", capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return run_gate_rule(binary, [line])[0]
 
 
 def test_a_trainer_between_requests_paces_where_it_may(rule: Path) -> None:

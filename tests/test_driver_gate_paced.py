@@ -4,11 +4,10 @@ the gate then waits before it tries again."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 # Reads lines "span MS WALL_MS" (a span of MS of GPU work between barriers WALL_MS apart: prints
 # "long" or "ok", the wait in ms and the wall time to the next barrier in ns), "fail NOW"
@@ -56,11 +55,7 @@ def rule(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(binary: Path, lines: list[str]) -> list[str]:
-    out = subprocess.run(
-        [binary], input="".join(f"{x}\n" for x in lines), capture_output=True, text=True,
-        check=True,
-    )  # fmt: skip
-    return out.stdout.split("\n")[:-1]
+    return run_gate_rule(binary, lines)
 
 
 def spans(binary: Path, ms: list[float], wall_ms: float = 0.2) -> list[tuple[str, float, int]]:

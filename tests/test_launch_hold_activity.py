@@ -5,11 +5,10 @@ the launches' back; the gate's thread adopts what it holds once its callbacks ar
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 # One process's gate and control block. Reads commands "NAME VALUE", one a line:
 #   take 0      PyTorch's operator gate hands activity over: prints 1 if taken
@@ -54,10 +53,7 @@ def rule(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(binary: Path, *commands: str) -> list[str]:
-    out = subprocess.run(
-        [binary], input="\n".join(commands) + "\n", capture_output=True, text=True, check=True
-    )
-    return out.stdout.split("\n")[:-1]
+    return run_gate_rule(binary, commands)
 
 
 def test_a_gate_that_took_no_activity_leaves_the_word_to_the_operator_gate(rule: Path) -> None:

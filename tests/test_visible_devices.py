@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_gate_rule
+from conftest import build_gate_rule, run_gate_rule
 
 from gpreempt.client.ranks import rank_gpu
 
@@ -53,11 +52,8 @@ def rule(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_ordinal_is_the_physical_gpu_a_rank_would_name(rule: Path) -> None:
-    lines = "".join(
-        f"{o} {'-' if v is None else (v or '_').replace(' ', '_')}\n" for o, v, _ in CASES
-    )
-    out = subprocess.run([str(rule)], input=lines, capture_output=True, text=True, check=True)
-    assert [int(x) for x in out.stdout.split()] == [want for _, _, want in CASES]
+    lines = [f"{o} {'-' if v is None else (v or '_').replace(' ', '_')}" for o, v, _ in CASES]
+    assert [int(x) for x in run_gate_rule(rule, lines)] == [want for _, _, want in CASES]
     for ordinal, visible, want in CASES:
         if ordinal >= 0 and want >= 0:  # where both can tell, they agree
             env = {"LOCAL_RANK": str(ordinal)}
