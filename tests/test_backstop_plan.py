@@ -86,9 +86,11 @@ def test_a_hold_is_counted_once_settled_and_a_leak_is_locked_at_once() -> None:
     assert early == BackstopPlan(baselines=(), leaks=(), locks=())
     settled = plan_backstop([counted], 100.25, delay_s=10.0, lock=True)
     assert settled.baselines == (HoldBaseline(1, 1000),) and settled.locks == ()
-    still = dataclasses.replace(counted, hold_baseline=1000, launches=1016)  # within slack
+    still = dataclasses.replace(
+        counted, hold_baseline=HoldBaseline(1, 1000), launches=1016
+    )  # within slack
     assert plan_backstop([still], 100.35, delay_s=10.0, lock=True).leaks == ()
-    moved = dataclasses.replace(counted, hold_baseline=1000, launches=1500)
+    moved = dataclasses.replace(counted, hold_baseline=HoldBaseline(1, 1000), launches=1500)
     leaking = plan_backstop([moved], 100.35, delay_s=10.0, lock=True)
     assert leaking.leaks == (HoldLeak(1, 500, locked=True),) and leaking.locks == (1,)
     nowhere = plan_backstop([moved], 100.35, delay_s=10.0, lock=False)
@@ -96,7 +98,12 @@ def test_a_hold_is_counted_once_settled_and_a_leak_is_locked_at_once() -> None:
 
 
 def test_a_gate_closed_only_for_watched_tasks_moves_its_baseline() -> None:
-    watched = facts(counts_launches=True, launches=1500, hold_baseline=1000, must_stand_still=False)
+    watched = facts(
+        counts_launches=True,
+        launches=1500,
+        hold_baseline=HoldBaseline(1, 1000),
+        must_stand_still=False,
+    )
     result = plan_backstop([watched], 100.35, delay_s=10.0, lock=True)
     assert result.baselines == (HoldBaseline(1, 1500),) and result.leaks == ()
 
@@ -110,7 +117,7 @@ def test_a_gate_held_on_the_cpu_by_a_watched_task_that_stays_active_must_stand_s
     first = facts(**watched, launches=1000, watch_epochs=(7,))
     settled = plan_backstop([first], 100.25, delay_s=10.0, lock=True)
     assert settled.baselines == (HoldBaseline(1, 1000, (7,)),)
-    went_on = dataclasses.replace(first, hold_baseline=1000, baseline_epochs=(7,), launches=1500)
+    went_on = dataclasses.replace(first, hold_baseline=HoldBaseline(1, 1000, (7,)), launches=1500)
     (leak,) = plan_backstop([went_on], 100.35, delay_s=10.0, lock=True).leaks
     assert leak.moved == 500
     rose_again = dataclasses.replace(went_on, watch_epochs=(8,))
@@ -119,14 +126,14 @@ def test_a_gate_held_on_the_cpu_by_a_watched_task_that_stays_active_must_stand_s
     dropped = dataclasses.replace(went_on, watch_held=False)
     result = plan_backstop([dropped], 100.35, delay_s=10.0, lock=True)
     assert result.leaks == () and result.baselines == (HoldBaseline(1, 1500, None),)
-    not_held_then = dataclasses.replace(went_on, baseline_epochs=None)
+    not_held_then = dataclasses.replace(went_on, hold_baseline=HoldBaseline(1, 1000))
     assert plan_backstop([not_held_then], 100.35, delay_s=10.0, lock=True).leaks == ()
 
 
 def test_checks_come_back_every_period_once_counted() -> None:
     counted = facts(backed_up=False, counts_launches=True)
     assert next_due([counted], 100.0, delay_s=0.05, lock=True) == pytest.approx(100.2)
-    based = dataclasses.replace(counted, hold_baseline=10)
+    based = dataclasses.replace(counted, hold_baseline=HoldBaseline(1, 10))
     assert next_due([based], 100.3, delay_s=0.05, lock=True) == pytest.approx(100.4)
 
 

@@ -159,7 +159,6 @@ class Backstop:
         gate_holds = task.suspended and kind(task.suspended_with).in_process
         launches = task.driver_launches  # read before the watched words: held_by_watch
         watch_held, watch_epochs = held_by_watch(task, self.registry.tasks, self.watching)
-        baseline = task.hold_baseline
         return HoldFacts(
             task_id=task.task_id,
             uid=task.uid,
@@ -176,7 +175,7 @@ class Backstop:
             launches=launches,
             channels=len(task.controls),
             must_stand_still=self._must_stand_still(task),
-            hold_baseline=None if baseline is None else baseline.launches,
+            hold_baseline=task.hold_baseline,
             hold_leaked=task.hold_leaked,
             closes_gate=kind(task.mechanism).closes_gate,
             untrusted=task.gate_untrusted,
@@ -189,7 +188,6 @@ class Backstop:
             barrier_leaked=any(c.barrier_leaks for c in task.controls.values()),
             watch_held=watch_held,
             watch_epochs=watch_epochs,
-            baseline_epochs=None if baseline is None else baseline.epochs,
         )
 
     def _gpu_busy(self, task: Task, to_unix: float) -> bool:

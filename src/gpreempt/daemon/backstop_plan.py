@@ -61,6 +61,16 @@ class CpuRun:
 
 
 @dataclass(frozen=True)
+class HoldBaseline:
+    """Count ``task_id``'s launches from ``launches`` on (its hold is checked from the next
+    look); ``epochs``: its watched blocks' activity epochs then, where they held it."""
+
+    task_id: int
+    launches: int
+    epochs: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class HoldFacts:
     """What the backstop's rules read of one task."""
 
@@ -87,8 +97,9 @@ class HoldFacts:
     channels: int
     #: One of its gate words is closed outright: its launches must stand still.
     must_stand_still: bool
-    #: Its launches once its gate had held it a moment, this suspension (None: not yet).
-    hold_baseline: int | None
+    #: Its launches once its gate had held it a moment, this suspension, with the epochs of
+    #: the blocks it watched where they held it (None: not yet).
+    hold_baseline: HoldBaseline | None
     #: Its hold was found to leak, this suspension.
     hold_leaked: bool
     #: Its mechanism closes its gate (``gate`` or ``auto``): backed up once its gate was found
@@ -115,21 +126,10 @@ class HoldFacts:
     barrier_leaked: bool = False
     #: Every gate of it holds each launch on the CPU only while a task it watches is active,
     #: and one is now (watch_hold.py, ``held_by_watch``); the activity epochs of the blocks it
-    #: watches, now and when its launches' baseline was taken so (None: not so). Both alike,
-    #: a watched task stayed active in between: its launches must stand still.
+    #: watches now. Alike in its baseline, a watched task stayed active in between: its
+    #: launches must stand still.
     watch_held: bool = False
     watch_epochs: tuple[int, ...] = ()
-    baseline_epochs: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class HoldBaseline:
-    """Count ``task_id``'s launches from ``launches`` on (its hold is checked from the next
-    look); ``epochs``: its watched blocks' activity epochs then, where they held it."""
-
-    task_id: int
-    launches: int
-    epochs: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,14 +186,15 @@ def plan_backstop(
         since = task.gate_held_since
         if not _checked(task) or since is None or now < since + SETTLE_MS / 1e3:
             continue
+        baseline = task.hold_baseline
         held = task.must_stand_still or (
-            task.watch_held and task.watch_epochs == task.baseline_epochs
+            task.watch_held and baseline is not None and task.watch_epochs == baseline.epochs
         )
-        if task.hold_baseline is None or not held:
+        if baseline is None or not held:
             epochs = task.watch_epochs if task.watch_held else None
             baselines.append(HoldBaseline(task.task_id, task.launches, epochs))
             continue
-        moved = task.launches - task.hold_baseline
+        moved = task.launches - baseline.launches
         if moved > LEAK_SLACK * max(1, task.channels):
             leaks.append(_leak(task, moved, own))
     leaked = {leak.task_id for leak in leaks}
