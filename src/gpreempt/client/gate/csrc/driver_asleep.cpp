@@ -125,6 +125,41 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
   return failed;
 }
 
+void rise_barriers(Gate& g, int64_t now) {
+  static bool was_held = false;  // the gate's one thread calls this
+  uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
+  const bool held = ctl != nullptr && (watched_active(g.watch.load(std::memory_order_acquire)) ||
+                                       (load32(ctl, kOffGateClosed) & 1u) != 0);
+  const bool rose = held && !was_held;
+  was_held = held;
+  if (!rose || !barriers_hold(g, ctl)) {
+    return;
+  }
+  const Guard guard;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.captures.load() != 0) {
+    return;
+  }
+  const RelaxedCapture relaxed;
+  for (auto& [key, st] : g.streams) {
+    const CUstream stream = key.stream;
+    const CurrentContext current(st.context);
+    if (capturing(stream) || nothing_to_hold(stream)) {
+      continue;
+    }
+    BarrierNote note;
+    if (!put_barrier(g, ctl, stream, &note)) {
+      continue;
+    }
+    add64(ctl, kOffDriverBarriers, 1);
+    Mark m;
+    if (record_mark(g, st.context, stream, st.marks, &m, false)) {
+      m.recorded_ns = now;
+      push_mark(st, st.marks, m, note);
+    }
+  }
+}
+
 void discover_streams(Gate& g, int64_t now) {
   static int64_t next_ns = 0;  // the gate's one thread calls this
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);

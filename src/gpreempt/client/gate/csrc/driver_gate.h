@@ -298,8 +298,10 @@ bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st);
 // collective across the GPUs of one process).
 void bound_wait(Gate& g, uint8_t* ctl, const StreamKey& key);
 // Retires the stream's completed marks, learning the GPU time per launch from the spans the
-// GPU ran back to back (the first mark still pending when the later was put) (mu held).
+// GPU ran back to back (the first mark still pending when the later was put) (mu held); every
+// stream's, from the gate's thread at each look while awake (takes mu).
 void reap(Gate& g, StreamState& st);
+void reap_streams(Gate& g);
 // Appends mark `m` to `line` (the stream's marks or asleep marks), numbered in one count with
 // both, with its barrier's note (mu held).
 void push_mark(StreamState& st, std::deque<Mark>& line, Mark m, const BarrierNote& note);
@@ -367,6 +369,11 @@ int64_t check_idle(Gate& g, int64_t now);
 // every kAsleepBarrierNs (kAsleepDenseBarrierNs on a backlogged one; paced, every barrier
 // spacing), and the spans between them learned; true where a paced trial failed.
 bool asleep_barriers(Gate& g, int64_t now, bool paced);
+// Called by the background thread at each tick: on the rise of a hold (a watched task active,
+// or the gate closed outright), one more barrier behind each stream's queued work, its word
+// read raised, so that the GPU-side check dates the hold though the GPU may have reached the
+// stream's last barrier before the thread looked (driver_verify.cpp).
+void rise_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
 // The gate switched: every stream's asleep marks join its marks, where their barriers are

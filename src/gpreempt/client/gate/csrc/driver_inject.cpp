@@ -161,8 +161,14 @@ void background() {
           asleep_barriers(g, now, mode == Mode::kPaced)) {
         g.trials.failed(now);  // switched back on at the next turn
       }
+      if (mode != Mode::kDetached) {
+        rise_barriers(g, now);
+      }
     }
     verify_barriers(g, on && mode == Mode::kAwake);
+    if (on && mode == Mode::kAwake) {
+      reap_streams(g);  // after the check, which dates a barrier by the mark before it
+    }
     g.background_busy.store(false);
     // an activity that may drop is looked at when due: a server's drop then lags its work by
     // its grace, not by the grace and up to two of these pauses

@@ -22,7 +22,11 @@
 // The barriers the gate's thread puts while its callbacks are off (asleep or paced) are
 // numbered and noted with the others. They are checked once the gate wakes, which it does
 // within a tick of a watched task's rise: their marks then join the stream's (end_asleep_marks),
-// and the first look reads the word raised for each the GPU has not reached yet.
+// and the first look reads the word raised for each the GPU has not reached yet. The GPU may
+// have reached a stream's last barrier before that look (a program whose CPU keeps pace has
+// about one in flight, then waits for it, launching nothing): at a hold's rise the thread puts
+// one more behind each stream's queued work (rise_barriers), read raised as it is put, so the
+// hold of a stream with work queued is dated once it ends.
 //
 // A mark still pending does not date the pass: the GPU may run other contexts for a time slice
 // between passing a barrier and completing the event behind it, and a word raised meanwhile
