@@ -20,6 +20,9 @@ from conftest import build_gate_rule, run_gate_rule
 #   dated                   the same look: prints "dated" where the check could tell (its
 #                           word read raised before the GPU reached it, the same watch list),
 #                           "undated" otherwise
+#   gate N                  the daemon writes the trainer's own gate word
+#   look                    a look of the gate's thread: prints "rose" where a hold rose since
+#                           its last look (HoldRise), "-" otherwise
 PROGRAM = r"""
 #include <cstdio>
 #include <cstring>
@@ -27,6 +30,8 @@ PROGRAM = r"""
 using namespace gpreempt_driver;
 int main() {
   alignas(8) static uint8_t block[gpreempt_layout::kSize] = {};
+  uint32_t gate_word = 0;
+  HoldRise rise;
   WatchList lists[2];
   for (WatchList& l : lists) { l.n = 1; l.blocks[0] = block; l.version = 1; }
   const WatchList* list = &lists[0];
@@ -54,6 +59,10 @@ int main() {
       std::printf("%s\n", passed_while_raised(note, sample_words(list)) ? "leak" : "held");
     } else if (std::strncmp(line, "dated", 5) == 0) {
       std::printf("%s\n", dated(note, sample_words(list)) ? "dated" : "undated");
+    } else if (std::sscanf(line, "gate %u", &value) == 1) {
+      gate_word = value;
+    } else if (std::strncmp(line, "look", 4) == 0) {
+      std::printf("%s\n", rise.rose(gate_word, list) ? "rose" : "-");
     } else {
       return 2;
     }
@@ -138,3 +147,36 @@ def test_a_barrier_counts_as_checked_only_where_its_word_was_read_raised_before_
     assert verdicts(check, "put pair", "pending", "active 1", "dated") == ["undated"]
     assert verdicts(check, "active 1", "put pair", "relist", "dated") == ["undated"]
     assert verdicts(check, "active 1", "put requests", "dated") == ["undated"]
+
+
+def test_a_hold_rises_once_at_the_first_look_that_finds_it(check: Path) -> None:
+    """A watched task's activity or the gate closed outright; a word closed while watched
+    (even) holds only while a watched task is active, so it raises nothing by itself."""
+    assert verdicts(check, "look", "active 1", "look", "look", "active 0", "look") == [
+        "-",
+        "rose",
+        "-",
+        "-",
+    ]
+    assert verdicts(check, "requests 1", "look", "requests 0", "look", "active 1", "look") == [
+        "rose",
+        "-",
+        "rose",
+    ]
+    assert verdicts(check, "gate 2", "look", "gate 3", "look", "active 1", "look") == [
+        "-",
+        "rose",
+        "-",
+    ]
+
+
+def test_a_barrier_put_at_the_rise_dates_a_hold_whose_last_barrier_the_gpu_had_reached(
+    check: Path,
+) -> None:
+    """A program whose CPU keeps pace: the GPU reached its one barrier in flight before the
+    server rose, and before any look, so nothing dates that one; it then stands on it, putting
+    none. The barrier the thread puts behind it at the rise is read raised as it is put, and
+    dated once the hold ends."""
+    assert verdicts(check, "put pair", "active 1", "active 0", "dated") == ["undated"]
+    commands = ("put pair", "active 1", "look", "put pair", "active 0", "dated")
+    assert verdicts(check, *commands) == ["rose", "dated"]

@@ -104,4 +104,24 @@ inline bool dated(const BarrierNote& note, const WatchSample& after) {
   return note.unpassed.valid && note.unpassed.raised && look_of(note, after).valid;
 }
 
+// A hold's rise, at the gate thread's looks: the first look that finds a watched task active or
+// the gate closed outright (its word odd; an even word, closed while watched, holds only while
+// a watched task is active) after one that found neither. At that look the thread puts one
+// more barrier behind each stream's queued work, its word read raised as it is put: the GPU
+// may have reached the stream's last barrier before any look read that word raised, and a
+// program whose CPU keeps pace then stands on it, launching nothing, so the hold would go
+// undated (rise_barriers).
+class HoldRise {
+ public:
+  bool rose(uint32_t gate_word, const WatchList* w) {
+    const bool held = gpreempt_words::watched_active(w) || (gate_word & 1u) != 0;
+    const bool rise = held && !held_;
+    held_ = held;
+    return rise;
+  }
+
+ private:
+  bool held_ = false;
+};
+
 }  // namespace gpreempt_driver

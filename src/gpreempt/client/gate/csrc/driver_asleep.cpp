@@ -126,13 +126,11 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
 }
 
 void rise_barriers(Gate& g, int64_t now) {
-  static bool was_held = false;  // the gate's one thread calls this
+  static HoldRise rise;  // the gate's one thread calls this
   uint8_t* ctl = g.ctl.load(std::memory_order_acquire);
-  const bool held = ctl != nullptr && (watched_active(g.watch.load(std::memory_order_acquire)) ||
-                                       (load32(ctl, kOffGateClosed) & 1u) != 0);
-  const bool rose = held && !was_held;
-  was_held = held;
-  if (!rose || !barriers_hold(g, ctl)) {
+  if (ctl == nullptr ||
+      !rise.rose(load32(ctl, kOffGateClosed), g.watch.load(std::memory_order_acquire)) ||
+      !barriers_hold(g, ctl)) {
     return;
   }
   const Guard guard;

@@ -369,10 +369,10 @@ int64_t check_idle(Gate& g, int64_t now);
 // every kAsleepBarrierNs (kAsleepDenseBarrierNs on a backlogged one; paced, every barrier
 // spacing), and the spans between them learned; true where a paced trial failed.
 bool asleep_barriers(Gate& g, int64_t now, bool paced);
-// Called by the background thread at each tick: on the rise of a hold (a watched task active,
-// or the gate closed outright), one more barrier behind each stream's queued work, its word
-// read raised, so that the GPU-side check dates the hold though the GPU may have reached the
-// stream's last barrier before the thread looked (driver_verify.cpp).
+// Called by the background thread at each tick: at a hold's rise (HoldRise, barrier_check.h),
+// one more barrier behind each stream's queued work, its word read raised as it is put, so that
+// the GPU-side check dates the hold though the GPU may have reached the stream's last barrier
+// before the thread looked (driver_verify.cpp).
 void rise_barriers(Gate& g, int64_t now);
 // Keeps the gate awake a moment now and then while barriers hold (kDiscoverNs).
 void discover_streams(Gate& g, int64_t now);
