@@ -1,6 +1,7 @@
 """The rule of the driver-level gate's check that stream barriers hold (``barrier_check.h``),
 run on the CPU: a watched task's control-block words written as the gates write them, read
-where the check reads them, and the verdict on each barrier."""
+where the check reads them, the verdict on each barrier, and when a hold rises (where the
+gate's thread puts a barrier for the check to date)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def check(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def verdicts(binary: Path, *commands: str) -> list[str]:
-    """The verdict of each ``done`` among ``commands``, run in order."""
+    """What the program prints for ``commands``, run in order: a line for each ``done``,
+    ``dated`` and ``look``."""
     return run_gate_rule(binary, commands)
 
 
