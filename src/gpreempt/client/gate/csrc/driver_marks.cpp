@@ -292,10 +292,8 @@ bool mark(Gate& g, uint8_t* ctl, CUstream stream, StreamState& st) {
   m.launches = st.since_mark;
   push_mark(st, st.marks, m, note);
   st.since_mark = 0;
-  // the marks the GPU completed are retired by the gate's thread (reap_streams), not by the
-  // launching thread, which paid about 3 us a mark for it (docs/results.md, "Where the compiled
-  // trainer's awake time goes"). Unretired, the work in flight reads high, never low: a launch
-  // retires them itself before it would wait.
+  // the gate's thread retires completed marks (reap_streams; 3 us a mark here, docs/gate.md):
+  // unretired, the work in flight reads high, never low, so a launch retires them only to wait
   if (!over_window(g, st)) {
     return false;
   }
