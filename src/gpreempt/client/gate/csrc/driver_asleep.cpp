@@ -63,6 +63,28 @@ bool learn_spans(Gate& g, StreamState& st, int64_t now, bool paced) {
   return failed;
 }
 
+// A barrier of the gate's thread on `stream`, with its mark behind it appended to `line` (mu
+// held): asleep, paced, and at a hold's rise. `before`: a timed event recorded before it (or
+// null), given back where no mark keeps it. False where no barrier was put.
+bool thread_barrier(Gate& g, uint8_t* ctl, StreamState& st, CUstream stream,
+                    std::deque<Mark>& line, int64_t now, CUevent before, bool timed) {
+  BarrierNote note;
+  if (!put_barrier(g, ctl, stream, &note)) {
+    give_event(g, st.context, before, true);
+    return false;
+  }
+  add64(ctl, kOffDriverBarriers, 1);
+  Mark m;
+  if (record_mark(g, st.context, stream, line, &m, timed)) {
+    m.before = before;
+    m.recorded_ns = now;
+    push_mark(st, line, m, note);
+  } else {
+    give_event(g, st.context, before, true);
+  }
+  return true;
+}
+
 }  // namespace
 
 bool asleep_barriers(Gate& g, int64_t now, bool paced) {
@@ -100,21 +122,11 @@ bool asleep_barriers(Gate& g, int64_t now, bool paced) {
     // barrier (a timed event costs the GPU about 1.8 us, an untimed one nothing measurable)
     const bool ends_span = !st.asleep_marks.empty() && st.asleep_marks.back().timed;
     CUevent before = ends_span ? record_event(g, st.context, stream, true) : nullptr;
-    BarrierNote note;
-    if (!put_barrier(g, ctl, stream, &note)) {
-      give_event(g, st.context, before, true);
-      continue;  // its context went away, say: the next try is a millisecond away
-    }
-    add64(ctl, kOffDriverBarriers, 1);
-    Mark m;
-    const bool timed = st.asleep_count++ % kAsleepTimedEvery == 0 ||
+    const bool timed = st.asleep_count % kAsleepTimedEvery == 0 ||
                        (paced && st.paced.learned < kPacedTimedFirst);
-    if (record_mark(g, st.context, stream, st.asleep_marks, &m, timed)) {
-      m.before = before;
-      m.recorded_ns = now;
-      push_mark(st, st.asleep_marks, m, note);
-    } else {
-      give_event(g, st.context, before, true);
+    // where none could be put (its context went away, say), the next try is a millisecond away
+    if (thread_barrier(g, ctl, st, stream, st.asleep_marks, now, before, timed)) {
+      ++st.asleep_count;
     }
   }
   if (failed) {
@@ -145,16 +157,7 @@ void rise_barriers(Gate& g, int64_t now) {
     if (capturing(stream) || nothing_to_hold(stream)) {
       continue;
     }
-    BarrierNote note;
-    if (!put_barrier(g, ctl, stream, &note)) {
-      continue;
-    }
-    add64(ctl, kOffDriverBarriers, 1);
-    Mark m;
-    if (record_mark(g, st.context, stream, st.marks, &m, false)) {
-      m.recorded_ns = now;
-      push_mark(st, st.marks, m, note);
-    }
+    thread_barrier(g, ctl, st, stream, st.marks, now, nullptr, false);
   }
 }
 
