@@ -4,6 +4,8 @@
 //   none: InitializeInjection returns at once; subscribe: cuptiSubscribe, no callback on;
 //   resource: and the context callbacks; graph: and the driver API's cuGraphLaunch (the gate
 //   has it on while awake); driver: and every driver API callback (cuptiEnableDomain).
+//   launches: cuptiSubscribe and the kernel launches' driver API callbacks alone, the floor of
+//   what any gate that sees launches through CUPTI costs each (launch_cost.py's config cupti).
 //   unsubscribe, finalize, resubscribe: as subscribe; then, when the program calls
 //   gpreempt_probe_detach() (server_gated.py's child does, once warm): cuptiUnsubscribe;
 //   and cuptiFinalize (CUPTI detached from the process); or cuptiSubscribe again.
@@ -11,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace {
 CUpti_SubscriberHandle subscriber = nullptr;
@@ -28,8 +31,17 @@ extern "C" int InitializeInjection() {
                     : std::strcmp(mode, "resource") == 0  ? 2
                     : std::strcmp(mode, "graph") == 0     ? 3
                     : std::strcmp(mode, "driver") == 0    ? 4
+                    : std::strcmp(mode, "launches") == 0  ? 5
                                                           : 0;
   if (level == 0 || cuptiSubscribe(&subscriber, nothing, nullptr) != CUPTI_SUCCESS) {
+    return 1;
+  }
+  if (level == 5) {
+    for (CUpti_CallbackId id :
+         {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+          CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz}) {
+      cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id);
+    }
     return 1;
   }
   if (level >= 2) {

@@ -165,8 +165,8 @@ for group in "$@"; do
     light) cell light --case-b transformer-sync ;;
     operator-only) cell light-operator-only --case-b transformer-sync \
         --env-b GPREEMPT_DRIVER_GATE=0 ;;
-    cost) timeout 300 python3 benchmarks/driver_gate/launch_cost.py --rounds "${COST_ROUNDS:-4}" \
-        --launches 20000 --out "$OUT/launch_cost.json" ;;
+    cost) timeout 400 python3 benchmarks/driver_gate/launch_cost.py --rounds "${COST_ROUNDS:-6}" \
+        --frameworks cuda,torch --cpus 4,5,6,7 --launches 20000 --out "$OUT/launch_cost.json" ;;
     cupy|cupy-torch|jax|jax-torch) cell "$group" --case-b "$group" ;;
     compiled) cell compiled --case-b transformer-compiled ;;
     grace) for trainer in ${GRACE_TRAINERS:-jax-torch}; do
