@@ -45,8 +45,9 @@ CONFIGS = ("none", "cupti", "asleep", "awake", "awake-barriers")
 CHILD = r"""
 import json, os, sys, time
 config, framework, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if sys.argv[5]:  # the same cores for every configuration
-    os.sched_setaffinity(0, {int(c) for c in sys.argv[5].split(",")})
+cores = {int(c) for c in sys.argv[5].split(",") if c} & os.sched_getaffinity(0)
+if cores:  # the same cores for every configuration, those of them this machine has
+    os.sched_setaffinity(0, cores)
 gated = config.split(":")[0] in ("asleep", "awake", "awake-barriers")
 if gated:
     from gpreempt.control_block import ControlBlock
@@ -118,7 +119,9 @@ def libraries(frameworks: list[str]) -> tuple[str, str, str]:
     return str(build()), str(_probe()), loop
 
 
-def one_run(config: str, framework: str, args: argparse.Namespace, built: tuple) -> dict:
+def one_run(
+    config: str, framework: str, args: argparse.Namespace, built: tuple[str, str, str]
+) -> dict:
     """One child's launches under ``config``; RuntimeError with its last words if it failed."""
     library, probe, loop = built
     env = dict(os.environ)
@@ -158,15 +161,18 @@ def summary(rows: list[dict], frameworks: list[str], configs: tuple[str, ...]) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--launches", type=int, default=50000)
-    parser.add_argument("--frameworks", default="torch,cupy")
-    parser.add_argument("--out", default="")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of every configuration")
+    parser.add_argument("--launches", type=int, default=50000, help="timed launches per child")
+    parser.add_argument(
+        "--frameworks", default="torch,cupy", help="comma-separated: cuda, torch, cupy"
+    )
+    parser.add_argument("--out", default="", help="where to write every round (JSON)")
     parser.add_argument(
         "--cpus",
         default="",
         metavar="N,N,...",
-        help="run every child on these cores (the rounds then spread less)",
+        help="run every child on those of these cores the machine has (the same cores for "
+        "every configuration)",
     )
     parser.add_argument(
         "--variant",
