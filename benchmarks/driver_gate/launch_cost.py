@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 CONFIGS = ("none", "cupti", "asleep", "awake", "awake-barriers")
+GATED = CONFIGS[2:]  # the configurations that load the gate (and take a --variant)
 
 CHILD = r"""
 import json, os, sys, time
@@ -48,7 +49,7 @@ config, framework, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cores = {int(c) for c in sys.argv[5].split(",") if c} & os.sched_getaffinity(0)
 if cores:  # the same cores for every configuration, those of them this machine has
     os.sched_setaffinity(0, cores)
-gated = config.split(":")[0] in ("asleep", "awake", "awake-barriers")
+gated = config not in ("none", "cupti")
 if gated:
     from gpreempt.control_block import ControlBlock
     from gpreempt.client.gate import driver
@@ -128,7 +129,7 @@ def one_run(
     env.pop("CUDA_INJECTION64_PATH", None)
     if config == "cupti":
         env.update(CUDA_INJECTION64_PATH=probe, GPREEMPT_PROBE="launches")
-    elif config != "none":
+    elif config.split(":")[0] in GATED:
         env["CUDA_INJECTION64_PATH"] = env["GPREEMPT_DRIVER_GATE"] = library
     name, _, value = config.partition(":")[2].partition("=")
     if name:
@@ -184,8 +185,8 @@ def main() -> int:
     args = parser.parse_args()
     for v in args.variant:
         config, _, setting = v.partition(":")
-        if config not in CONFIGS[2:] or "=" not in setting or not setting.split("=", 1)[0]:
-            parser.error(f"--variant wants CONFIG:NAME=VALUE (CONFIG: {CONFIGS[2:]}), not {v!r}")
+        if config not in GATED or "=" not in setting or not setting.split("=", 1)[0]:
+            parser.error(f"--variant wants CONFIG:NAME=VALUE (CONFIG: {GATED}), not {v!r}")
     frameworks = args.frameworks.split(",")
     built = libraries(frameworks)
     configs = (*CONFIGS, *args.variant)
